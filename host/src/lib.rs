@@ -1,0 +1,5 @@
+//! wasm-provisioner: a Kubernetes external volume provisioner host whose storage
+//! backends are sandboxed WebAssembly components.
+#![deny(unsafe_code)]
+
+pub mod plugin;

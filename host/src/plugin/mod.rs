@@ -1,0 +1,2 @@
+//! The plugin runtime: loading, sandboxing and calling guest components.
+pub mod bindings;
