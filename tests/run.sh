@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The test command: builds the guests and the control-plane launcher, starts one real
+# control plane for the whole run (unless KUBECONFIG names a cluster already), runs every
+# Rust test in the workspace against it, and stops everything it started.
+#
+#   bash tests/run.sh [extra cargo test args...]
+#
+# It exits non-zero when a test fails, and also when no test ran at all.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasm-provisioner/target}"
+
+bash guests/build.sh >/dev/null
+launcher=$(bash tests/controlplane/build.sh)
+
+if [ -z "${KUBECONFIG:-}" ]; then
+  plane_dir=$(mktemp -d /tmp/wasm-provisioner-controlplane-XXXXXX)
+  trap '"$launcher" stop --dir "$plane_dir" || true' EXIT
+  started=$(date +%s%N)
+  "$launcher" start --dir "$plane_dir" >/dev/null
+  export KUBECONFIG="$plane_dir/kubeconfig"
+  echo "control plane ready in $(( ($(date +%s%N) - started) / 1000000 )) ms (KUBECONFIG=$KUBECONFIG)"
+fi
+
+log=$(mktemp)
+set +e
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
+rm -f "$log"
+echo "tests: $passed passed, $failed failed"
+if [ "$status" -ne 0 ]; then
+  exit "$status"
+fi
+if [ "$passed" -eq 0 ]; then
+  echo "no test ran: that is a failure" >&2
+  exit 1
+fi
