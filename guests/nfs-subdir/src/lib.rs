@@ -1,0 +1,302 @@
+//! nfs-subdir: one subdirectory per volume on an NFS export, like
+//! kubernetes-sigs/nfs-subdir-external-provisioner.
+//!
+//! The admin mounts the export `server:share` where the host runs and grants that
+//! directory to this module at `guestRoot` (default `/export`). A volume is the
+//! directory `guestRoot/<subdir>`, published as an `nfs` PV `server:share/<subdir>`.
+//! Parameters and behaviour: see guests/README.md.
+
+pub mod pattern;
+
+use std::fs;
+use std::io::ErrorKind;
+use wasm_provisioner_sdk::{self as sdk, log, path, prelude::*};
+
+/// PV annotations recording how the volume was made, used by delete when the class is gone.
+pub const ANN_SHARE: &str = "nfs-subdir/share";
+pub const ANN_GUEST_ROOT: &str = "nfs-subdir/guest-root";
+pub const ANN_ON_DELETE: &str = "nfs-subdir/on-delete";
+
+const KNOWN: &[&str] = &[
+    "server",
+    "share",
+    "guestRoot",
+    "pathPattern",
+    "onDelete",
+    "archiveOnDelete",
+];
+const DEFAULT_GUEST_ROOT: &str = "/export";
+const ON_DELETE: &[&str] = &["delete", "retain", "archive"];
+const SHARE_HINT: &str = "set it to the exported path on the NFS server, such as /srv/nfs";
+
+pub struct NfsSubdir;
+
+/// What a provision will do, decided from the request alone (no I/O).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The granted directory (the mounted export), as the guest sees it.
+    pub guest_root: String,
+    /// The volume's directory relative to the share (and to `guest_root`).
+    pub subdir: String,
+    pub volume: Volume,
+}
+
+/// The NFS server parameter: a host name or address (no `/`, spaces or control characters).
+fn server<'a>(params: &Params<'a>) -> Result<&'a str, ParamError> {
+    let server = params.require(
+        "server",
+        "set it to the NFS server's host name or IP address",
+    )?;
+    if server.len() > 253
+        || server
+            .chars()
+            .any(|c| c == '/' || c.is_whitespace() || c.is_control())
+    {
+        return Err(ParamError(format!(
+            "StorageClass parameter `server` is {server:?}: set it to a host name or IP address"
+        )));
+    }
+    Ok(server)
+}
+
+/// What to do on delete: `onDelete` if set (delete, retain or archive), else archive when
+/// `archiveOnDelete` is true, else delete.
+fn on_delete(params: &Params) -> Result<&'static str, ParamError> {
+    let archive = params.bool("archiveOnDelete", false)?;
+    let chosen = params.one_of("onDelete", ON_DELETE, "")?;
+    Ok(match ON_DELETE.iter().find(|p| **p == chosen) {
+        Some(p) => p,
+        None if archive => "archive",
+        None => "delete",
+    })
+}
+
+/// Validates the request and works out the subdirectory and the volume.
+pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
+    let params = Params::new(&req.class.parameters);
+    params.reject_unknown(KNOWN)?;
+    let server = server(&params)?;
+    let share = params.absolute_path("share", None, SHARE_HINT)?;
+    let guest_root = params.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?;
+    let on_delete = on_delete(&params)?;
+    let name = path::check_pv_name(&req.volume_name)?;
+
+    let claim = &req.claim;
+    if claim.volume_mode == VolumeMode::Block {
+        return Err(ProvisionError::Infeasible(
+            "nfs-subdir makes filesystem volumes only: volumeMode Block is not supported".into(),
+        ));
+    }
+    if claim.data_source.is_some() {
+        return Err(ProvisionError::Infeasible(
+            "nfs-subdir cannot populate a volume from a data source".into(),
+        ));
+    }
+    if claim.selector.is_some() {
+        return Err(ProvisionError::Infeasible(
+            "nfs-subdir makes new volumes only: a claim selector is not supported".into(),
+        ));
+    }
+
+    let expanded = match params.get("pathPattern") {
+        Some(p) => pattern::expand(p, claim).map_err(ProvisionError::Infeasible)?,
+        None => None,
+    };
+    let subdir = match expanded {
+        Some(subdir) => subdir,
+        None => {
+            let default = format!("{}-{}-{name}", claim.namespace, claim.name);
+            path::check_component(&default)?.to_string()
+        }
+    };
+    let source = VolumeSource::Nfs(NfsSource {
+        server: server.to_string(),
+        path: path::join(&share, &subdir),
+        read_only: false,
+    });
+    let volume = Volume::new(claim.requested_bytes, source)
+        .annotate(ANN_SHARE, share.as_str())
+        .annotate(ANN_GUEST_ROOT, guest_root.as_str())
+        .annotate(ANN_ON_DELETE, on_delete);
+    Ok(Plan {
+        guest_root,
+        subdir,
+        volume,
+    })
+}
+
+/// The volume's directory relative to `share`, from the PV's NFS path; an error if the
+/// path is not strictly inside the share.
+pub fn relative_to_share(nfs_path: &str, share: &str) -> Result<String, String> {
+    let outside = || format!("path {nfs_path} is not inside the share {share}");
+    let full = path::check_absolute(nfs_path).map_err(|e| format!("{}: {e}", outside()))?;
+    let share = path::check_absolute(share).map_err(|e| e.to_string())?;
+    let rest = if share == "/" {
+        full.strip_prefix('/')
+    } else {
+        full.strip_prefix(share.as_str())
+            .and_then(|r| r.strip_prefix('/'))
+    };
+    match rest {
+        Some(rest) if !rest.is_empty() => Ok(rest.to_string()),
+        _ => Err(outside()),
+    }
+}
+
+/// Fails unless `root` is an accessible directory.
+fn check_root(root: &str) -> Result<(), String> {
+    match fs::metadata(root) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("guestRoot {root} is not a directory")),
+        Err(e) => Err(format!(
+            "guestRoot {root} is not accessible ({e}): grant this module the mounted export at \
+             {root}, or set StorageClass parameter `guestRoot` to the guest path of its grant"
+        )),
+    }
+}
+
+/// Walks `root/rel` one component at a time: an error if a component is a symbolic link
+/// or not a directory (a tenant must not redirect us into someone else's directory);
+/// `Ok(false)` if a component does not exist, `Ok(true)` if the whole path does.
+fn walk(root: &str, rel: &str) -> Result<bool, String> {
+    let mut dir = root.to_string();
+    for component in rel.split('/') {
+        dir = path::join(&dir, component);
+        match fs::symlink_metadata(&dir) {
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(format!("checking {dir}: {e}")),
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!("{dir} is a symbolic link: refusing to use it"));
+            }
+            Ok(m) if !m.is_dir() => return Err(format!("{dir} is not a directory")),
+            Ok(_) => {}
+        }
+    }
+    Ok(true)
+}
+
+/// Where `root/rel` is archived: `archived-<last component>` beside it, or
+/// `archived-<last component>-<pv name>` if that is taken.
+fn archive_target(root: &str, rel: &str, pv_name: &str) -> Result<String, String> {
+    let (parent, base) = match rel.rsplit_once('/') {
+        Some((parent, base)) => (path::join(root, parent), base),
+        None => (root.to_string(), rel),
+    };
+    for candidate in [
+        format!("archived-{base}"),
+        format!("archived-{base}-{pv_name}"),
+    ] {
+        let target = path::join(&parent, &candidate);
+        if fs::symlink_metadata(&target).is_err() {
+            return Ok(target);
+        }
+    }
+    Err(format!(
+        "cannot archive {}: archived-{base} and archived-{base}-{pv_name} both exist in {parent}",
+        path::join(root, rel)
+    ))
+}
+
+impl Provisioner for NfsSubdir {
+    fn describe() -> PluginInfo {
+        PluginInfo::new("nfs-subdir", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn provision(req: &ProvisionRequest) -> Result<Volume, ProvisionError> {
+        let plan = plan(req)?;
+        let root = &plan.guest_root;
+        check_root(root).map_err(ProvisionError::Failed)?;
+        walk(root, &plan.subdir).map_err(ProvisionError::Failed)?;
+        let dir = path::join(root, &plan.subdir);
+        fs::create_dir_all(&dir)
+            .map_err(|e| ProvisionError::Failed(format!("creating directory {dir}: {e}")))?;
+        if !walk(root, &plan.subdir).map_err(ProvisionError::Failed)? {
+            return Err(ProvisionError::Failed(format!(
+                "{dir} vanished after creation"
+            )));
+        }
+        log::info!(
+            "volume directory ready",
+            volume = req.volume_name,
+            dir = dir
+        );
+        Ok(plan.volume)
+    }
+
+    fn delete(req: &DeleteRequest) -> Result<(), DeleteError> {
+        let pv = &req.volume;
+        let name = path::check_pv_name(&pv.name)?;
+        let VolumeSource::Nfs(nfs) = &pv.source else {
+            return Err(DeleteError::Failed(format!(
+                "PV {name} is not an nfs volume: not made by nfs-subdir"
+            )));
+        };
+
+        // The class's parameters when it still exists, else what the PV recorded.
+        let class = Params::new(&req.class_parameters);
+        let (share, guest_root, on_delete) = if class.is_empty() {
+            let recorded = Params::new(&pv.annotations);
+            let share = recorded.get(ANN_SHARE).ok_or_else(|| {
+                DeleteError::Failed(format!(
+                    "the class {} is gone and PV {name} has no {ANN_SHARE} annotation: cannot \
+                     tell the share; delete {} by hand",
+                    req.class_name, nfs.path
+                ))
+            })?;
+            let root = recorded.get_or(ANN_GUEST_ROOT, DEFAULT_GUEST_ROOT);
+            let on_delete = recorded.get_or(ANN_ON_DELETE, "delete");
+            if !ON_DELETE.contains(&on_delete) {
+                return Err(DeleteError::Failed(format!(
+                    "PV annotation {ANN_ON_DELETE} is {on_delete:?}: expected delete, retain or archive"
+                )));
+            }
+            (share.to_string(), path::check_absolute(root)?, on_delete)
+        } else {
+            let server = server(&class)?;
+            if nfs.server != server {
+                return Err(DeleteError::Failed(format!(
+                    "PV {name} is on NFS server {} but the class names server {server}: \
+                     refusing to delete it through this module's grant",
+                    nfs.server
+                )));
+            }
+            (
+                class.absolute_path("share", None, SHARE_HINT)?,
+                class.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?,
+                on_delete(&class)?,
+            )
+        };
+        let rel = relative_to_share(&nfs.path, &share)
+            .map_err(|e| DeleteError::Failed(format!("PV {name}: {e}: refusing to delete")))?;
+        if on_delete == "retain" {
+            log::info!(
+                "onDelete retain: keeping the directory",
+                volume = name,
+                path = nfs.path
+            );
+            return Ok(());
+        }
+        check_root(&guest_root).map_err(DeleteError::Failed)?;
+        let dir = path::join(&guest_root, &rel);
+        if !walk(&guest_root, &rel).map_err(DeleteError::Failed)? {
+            log::info!("directory already gone", volume = name, dir = dir);
+            return Ok(());
+        }
+        if on_delete == "archive" {
+            let target = archive_target(&guest_root, &rel, name).map_err(DeleteError::Failed)?;
+            fs::rename(&dir, &target)
+                .map_err(|e| DeleteError::Failed(format!("archiving {dir}: {e}")))?;
+            log::info!("archived", volume = name, to = target);
+        } else {
+            fs::remove_dir_all(&dir)
+                .map_err(|e| DeleteError::Failed(format!("deleting {dir}: {e}")))?;
+            log::info!("deleted", volume = name, dir = dir);
+        }
+        Ok(())
+    }
+}
+
+sdk::export!(NfsSubdir);
+
+#[cfg(test)]
+mod tests;
