@@ -1,14 +1,96 @@
-//! PLACEHOLDER (to be replaced wholesale by the guests engineer): built guest components.
+//! The guest components built from `guests/` (see `guests/README.md`).
+//!
+//! [`dist_dir`] runs `bash guests/build.sh` once per test process (a warm build is a
+//! cargo no-op, well under a second) and returns `guests/dist`, which holds
+//! `<name>.wasm` for every guest: `hostpath`, `nfs-subdir`, `minimal`, and the testing
+//! guests `test-trap`, `test-spin`, `test-memory-bomb`, `test-oversized`, `test-escape`,
+//! `test-network`, `test-describe-trap`, `test-echo`.
+
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
+/// The repository root (this crate lives in `<root>/tests`).
+fn repo_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .unwrap_or_else(|| panic!("{} has no parent directory", manifest_dir.display()))
+        .to_path_buf()
+}
+
+/// `guests/dist`, after building every guest once in this process. Panics with the
+/// build's output if the build fails.
 pub fn dist_dir() -> &'static Path {
-    panic!("tests/src/guests.rs is still a placeholder: guests are not built yet")
+    static DIST: OnceLock<PathBuf> = OnceLock::new();
+    DIST.get_or_init(|| {
+        let script = repo_root().join("guests").join("build.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .current_dir(repo_root())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run bash {}: {e}", script.display()));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            panic!(
+                "building the guests failed: bash {} exited with {}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+                script.display(),
+                output.status
+            );
+        }
+        let dist = stdout
+            .lines()
+            .last()
+            .map(|line| PathBuf::from(line.trim()))
+            .filter(|dist| dist.is_dir())
+            .unwrap_or_else(|| {
+                panic!(
+                    "bash {} succeeded but did not print an existing dist directory on its last line\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+                    script.display()
+                )
+            });
+        dist
+    })
 }
 
+/// The built component `dist/<name>.wasm` (such as `module("test-echo")`). Panics if
+/// there is no such guest.
 pub fn module(name: &str) -> PathBuf {
-    dist_dir().join(format!("{name}.wasm"))
+    let dist = dist_dir();
+    let path = dist.join(format!("{name}.wasm"));
+    if !path.is_file() {
+        let mut available: Vec<String> = std::fs::read_dir(dist)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_suffix(".wasm"))
+                            .map(str::to_string)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        available.sort();
+        panic!(
+            "no guest module {name:?}: {} does not exist (built guests: {})",
+            path.display(),
+            available.join(", ")
+        );
+    }
+    path
 }
 
+/// Copies the built guest `name` into the modules directory `dir` as `<as_name>.wasm`
+/// (write-then-rename, so a watcher never sees a half-written module). Panics on failure.
 pub fn copy_module(name: &str, dir: &Path, as_name: &str) {
-    std::fs::copy(module(name), dir.join(format!("{as_name}.wasm"))).expect("copy module");
+    let from = module(name);
+    let to = dir.join(format!("{as_name}.wasm"));
+    let tmp = dir.join(format!(".{as_name}.wasm.{}.tmp", std::process::id()));
+    std::fs::copy(&from, &tmp)
+        .unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", from.display(), tmp.display()));
+    std::fs::rename(&tmp, &to)
+        .unwrap_or_else(|e| panic!("cannot rename {} to {}: {e}", tmp.display(), to.display()));
 }
