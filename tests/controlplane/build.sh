@@ -26,5 +26,7 @@ echo "building the control-plane launcher for Kubernetes $version (cold: 10-20 m
 started=$(date +%s)
 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$binary.tmp.$$" .
 mv "$binary.tmp.$$" "$binary"
+# Older launchers (other keys) are dead weight: keep only this one.
+find "$cache" -maxdepth 1 -name 'controlplane-*' ! -name "$(basename "$binary")" -delete
 echo "built $binary in $(( $(date +%s) - started ))s" >&2
 echo "$binary"

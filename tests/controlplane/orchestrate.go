@@ -109,6 +109,9 @@ func run(dir string, detached bool) error {
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	// Whoever started us may be gone with the read end of our stdout: a write must not
+	// kill us (Go exits on SIGPIPE to stdout) before we have stopped the components.
+	signal.Ignore(syscall.SIGPIPE)
 
 	plane := &controlPlane{dir: dir}
 	defer func() {

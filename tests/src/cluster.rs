@@ -73,7 +73,12 @@ pub fn launcher_binary() -> anyhow::Result<PathBuf> {
             output.status
         );
     }
-    let path = String::from_utf8(output.stdout)?.trim().lines().last().unwrap_or_default().to_string();
+    let path = String::from_utf8(output.stdout)?
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
     if path.is_empty() || !Path::new(&path).exists() {
         bail!("tests/controlplane/build.sh printed no launcher path");
     }
@@ -101,7 +106,9 @@ fn start_control_plane() -> anyhow::Result<ControlPlane> {
             }
             _ => {
                 let status = child.wait()?;
-                bail!("the control plane exited before it was ready ({status}); its stderr is above");
+                bail!(
+                    "the control plane exited before it was ready ({status}); its stderr is above"
+                );
             }
         }
     };
@@ -126,7 +133,8 @@ pub fn admin_kubeconfig() -> PathBuf {
 /// A client config for the test cluster as admin.
 pub async fn admin_config() -> anyhow::Result<Config> {
     let path = admin_kubeconfig();
-    let kubeconfig = Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
+    let kubeconfig =
+        Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
     Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
 }
 
@@ -147,7 +155,11 @@ pub async fn client_with_token(token: &str) -> anyhow::Result<Client> {
 
 /// Mints a short-lived token for ServiceAccount `namespace/name` (creating the account if
 /// it does not exist), so a test can act with exactly that account's RBAC.
-pub async fn service_account_token(client: &Client, namespace: &str, name: &str) -> anyhow::Result<String> {
+pub async fn service_account_token(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<String> {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     if accounts.get_opt(name).await?.is_none() {
         let account = ServiceAccount {
@@ -206,16 +218,29 @@ impl TestContext {
     /// Deletes the namespace (best effort; the namespace controller finishes it).
     pub async fn cleanup(self) {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let _ = namespaces.delete(&self.namespace, &DeleteParams::default()).await;
+        let _ = namespaces
+            .delete(&self.namespace, &DeleteParams::default())
+            .await;
     }
 }
 
 fn sanitize(test: &str) -> String {
     let name: String = test
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
-    name.trim_matches('-').chars().take(40).collect::<String>().trim_end_matches('-').to_string()
+    name.trim_matches('-')
+        .chars()
+        .take(40)
+        .collect::<String>()
+        .trim_end_matches('-')
+        .to_string()
 }
 
 /// A short random suffix from the clock, the process id and a counter (no extra
@@ -251,7 +276,9 @@ where
         }
         if Instant::now() >= deadline {
             return Err(match last_error {
-                Some(error) => error.context(format!("timed out after {timeout:?} waiting for {what}")),
+                Some(error) => {
+                    error.context(format!("timed out after {timeout:?} waiting for {what}"))
+                }
                 None => anyhow!("timed out after {timeout:?} waiting for {what}"),
             });
         }
