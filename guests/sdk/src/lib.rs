@@ -140,7 +140,12 @@ pub mod __private {
         static HOOK: std::sync::Once = std::sync::Once::new();
         HOOK.call_once(|| {
             std::panic::set_hook(Box::new(|info| {
-                crate::log::log(crate::log::Level::Error, &format!("panic: {info}"), &[]);
+                let message = info.payload_as_str().unwrap_or("(no message)");
+                let message = match info.location() {
+                    Some(at) => format!("panic: {message} (at {at})"),
+                    None => format!("panic: {message}"),
+                };
+                crate::log::log(crate::log::Level::Error, &message, &[]);
             }))
         });
     }

@@ -27,8 +27,8 @@ fn open_at_read(dir: &Descriptor, path: &str) -> Result<usize, String> {
             OpenFlags::empty(),
             DescriptorFlags::READ,
         )
-        .map_err(|e| format!("{e:?}"))?;
-    let (bytes, _) = file.read(4096, 0).map_err(|e| format!("{e:?}"))?;
+        .map_err(|e| e.name().to_string())?;
+    let (bytes, _) = file.read(4096, 0).map_err(|e| e.name().to_string())?;
     Ok(bytes.len())
 }
 
@@ -52,7 +52,7 @@ fn via_link(
     let dir = dir.ok_or("no preopened descriptor for guestRoot")?;
     let _ = dir.unlink_file_at(name);
     dir.symlink_at(target, name)
-        .map_err(|e| format!("creating the symlink: {e:?}"))?;
+        .map_err(|e| format!("creating the symlink: {}", e.name()))?;
     let result = attempt();
     let _ = dir.unlink_file_at(name);
     result
