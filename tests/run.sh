@@ -13,6 +13,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasm-provisioner/targe
 
 bash guests/build.sh >/dev/null
 launcher=$(bash tests/controlplane/build.sh)
+# The end-to-end tests run the host binary as a child process.
+cargo build -q -p wasm-provisioner --bin wasm-provisioner
 
 if [ -z "${KUBECONFIG:-}" ]; then
   plane_dir=$(mktemp -d /tmp/wasm-provisioner-controlplane-XXXXXX)

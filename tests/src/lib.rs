@@ -3,6 +3,10 @@
 //! - [`cluster`]: a real control plane (etcd, kube-apiserver, kube-controller-manager),
 //!   admin and ServiceAccount clients, a fresh namespace per test.
 //! - [`guests`]: the guest components built from `guests/`.
+//! - [`host`]: the `wasm-provisioner` binary as a child process.
+//! - [`fixture`]: one end-to-end scenario (namespace, provisioner name, modules, grants).
 
 pub mod cluster;
+pub mod fixture;
 pub mod guests;
+pub mod host;

@@ -9,6 +9,8 @@
 //!
 //! Class parameters: `outcome` = ignored | failed | in-background | reschedule |
 //! infeasible makes `provision` answer that error with message `echo: <outcome>`;
+//! `outcomeFile` names a file (in a granted directory) whose content, when it exists,
+//! overrides `outcome` (`ok` for success);
 //! `veto=true` makes `should-provision` answer false; `deleteOutcome` = failed | ignored
 //! makes `delete` answer that error with message `echo: <outcome>`; `deleteVeto=true`
 //! makes `should-delete` answer false. Every call logs `echo: <call>` with the volume.
@@ -163,7 +165,14 @@ impl Provisioner for Echo {
         log::info!("echo: provision", volume = req.volume_name);
         let params = Params::new(&req.class.parameters);
         let message = |o: &str| format!("echo: {o}");
-        match params.get("outcome") {
+        // `outcomeFile` (a path in a granted directory) overrides `outcome`, so a test
+        // can change the answer while a claim is in flight (class parameters are
+        // immutable). A missing file means no override.
+        let from_file = params
+            .get("outcomeFile")
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .map(|text| text.trim().to_string());
+        match from_file.as_deref().or(params.get("outcome")) {
             None | Some("ok") => {}
             Some(o @ "ignored") => return Err(ProvisionError::Ignored(message(o))),
             Some(o @ "failed") => return Err(ProvisionError::Failed(message(o))),

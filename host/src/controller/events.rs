@@ -1,0 +1,106 @@
+//! Events on claims and volumes, with upstream's reason strings. Publishing an Event
+//! never fails an operation: a refused Event is logged and the work goes on.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder};
+use tracing::warn;
+
+/// Events API limit on a note.
+const MAX_NOTE_BYTES: usize = 1024;
+
+pub struct EventSink {
+    recorder: Recorder,
+}
+
+impl EventSink {
+    pub fn new(recorder: Recorder) -> Self {
+        Self { recorder }
+    }
+
+    /// A Normal Event on a claim.
+    pub async fn claim_normal(&self, claim: &PersistentVolumeClaim, reason: &str, note: String) {
+        self.publish(
+            claim.object_ref(&()),
+            EventType::Normal,
+            reason,
+            "Provision",
+            note,
+        )
+        .await;
+    }
+
+    /// A Warning Event on a claim.
+    pub async fn claim_warning(&self, claim: &PersistentVolumeClaim, reason: &str, note: String) {
+        self.publish(
+            claim.object_ref(&()),
+            EventType::Warning,
+            reason,
+            "Provision",
+            note,
+        )
+        .await;
+    }
+
+    /// A Warning Event on a volume (lands in namespace `default`: PVs are cluster-scoped).
+    pub async fn volume_warning(&self, volume: &PersistentVolume, reason: &str, note: String) {
+        self.publish(
+            volume.object_ref(&()),
+            EventType::Warning,
+            reason,
+            "Delete",
+            note,
+        )
+        .await;
+    }
+
+    async fn publish(
+        &self,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(note)),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &reference).await {
+            warn!(
+                %error,
+                reason,
+                object = reference.name.as_deref().unwrap_or_default(),
+                "could not record an Event; check the host's RBAC on events.k8s.io events"
+            );
+        }
+    }
+}
+
+fn truncate(mut note: String) -> String {
+    if note.len() > MAX_NOTE_BYTES {
+        let mut end = MAX_NOTE_BYTES - 3;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate;
+
+    #[test]
+    fn notes_fit_the_events_api() {
+        assert_eq!(truncate("short".into()), "short");
+        let long = "é".repeat(2000);
+        let cut = truncate(long);
+        assert!(cut.len() <= 1024 && cut.ends_with("..."));
+    }
+}

@@ -1,0 +1,259 @@
+//! The provisioning controllers: one for claims (provision), one for volumes (delete),
+//! over shared informer caches of claims, volumes, classes and nodes.
+//!
+//! Each controller is a kube-runtime `Controller` with `threads` workers. `reconcile`
+//! functions are free functions over `(Arc<Object>, Arc<Context>)`; failures go through
+//! [`retry::Retries`], which applies the seed's rate limiting (per-item exponential
+//! back-off combined with an overall token bucket) and failure thresholds.
+
+pub mod claims;
+mod events;
+pub mod retry;
+pub mod volumes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::plugin::Runtime;
+use crate::server::Health;
+pub use events::EventSink;
+pub use retry::{Retries, RetryPolicy};
+
+/// The controllers' knobs, from the `run` flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The name StorageClasses use in `provisioner` and PVs carry in provisioned-by.
+    pub provisioner_name: String,
+    /// Workers per controller.
+    pub threads: u16,
+    /// Every object is reconciled again after this long without events.
+    pub resync_period: Duration,
+    /// Retry arithmetic for claims and volumes.
+    pub retry: RetryPolicy,
+    /// Failed provision attempts before giving up on a claim (0 = never give up).
+    pub failed_provision_threshold: u32,
+    /// Failed delete attempts before giving up on a volume (0 = never give up).
+    pub failed_delete_threshold: u32,
+    /// Tries to save a provisioned PV before deleting the backend volume.
+    pub pv_save_retries: u32,
+    /// Pause between tries to save a PV.
+    pub pv_save_interval: Duration,
+    /// Add the HonorPVReclaimPolicy finalizer to our Bound PVs with policy Delete.
+    pub volume_protection_finalizer: bool,
+    /// Test hook: exit the process right after the plugin provisioned and before the PV
+    /// is created, as a kill -9 would.
+    pub fault_exit_after_provision: bool,
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub runtime: Arc<Runtime>,
+    pub claims: Store<PersistentVolumeClaim>,
+    pub volumes: Store<PersistentVolume>,
+    pub classes: Store<StorageClass>,
+    pub nodes: Store<Node>,
+    pub events: EventSink,
+    pub metrics: Arc<Metrics>,
+    pub claim_retries: Retries,
+    pub volume_retries: Retries,
+}
+
+impl Context {
+    pub fn class(&self, name: &str) -> Option<Arc<StorageClass>> {
+        self.classes.get(&ObjectRef::new(name))
+    }
+
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(&ObjectRef::new(name))
+    }
+
+    pub fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.volumes.get(&ObjectRef::new(name))
+    }
+}
+
+/// Starts a reflector for `api` and returns its store; the stream runs until `stop`.
+fn reflect<K>(api: Api<K>, stop: CancellationToken) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                item = stream.next() => match item {
+                    Some(Err(error)) => warn!(%error, "watch error; retrying with back-off"),
+                    Some(Ok(_)) => {}
+                    None => break,
+                },
+            }
+        }
+    });
+    reader
+}
+
+/// Runs both controllers until `stop` is cancelled, then lets in-flight reconciles
+/// finish (graceful shutdown) and returns.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    runtime: Arc<Runtime>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    identity: String,
+    stop: CancellationToken,
+) {
+    let claims_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let volumes_api: Api<PersistentVolume> = Api::all(client.clone());
+    let classes_api: Api<StorageClass> = Api::all(client.clone());
+    let nodes_api: Api<Node> = Api::all(client.clone());
+
+    let watcher_stop = CancellationToken::new();
+    let classes = reflect(classes_api.clone(), watcher_stop.clone());
+    let nodes = reflect(nodes_api, watcher_stop.clone());
+
+    let config = kube::runtime::controller::Config::default().concurrency(settings.threads);
+    let claim_controller =
+        Controller::new(claims_api, watcher::Config::default()).with_config(config.clone());
+    let claims = claim_controller.store();
+    // A class change (for example a fixed parameter) retries its claims at once,
+    // resetting infeasible back-off.
+    let claims_for_class = claims.clone();
+    let claim_controller =
+        claim_controller.watches(classes_api, watcher::Config::default(), move |class| {
+            let name = class.metadata.name.clone().unwrap_or_default();
+            claims_for_class
+                .state()
+                .into_iter()
+                .filter(|claim| {
+                    crate::request::claim_class_name(claim).as_deref() == Some(name.as_str())
+                })
+                .map(|claim| ObjectRef::from_obj(claim.as_ref()))
+                .collect::<Vec<_>>()
+        });
+    let volume_controller =
+        Controller::new(volumes_api, watcher::Config::default()).with_config(config);
+    let volumes = volume_controller.store();
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: settings.provisioner_name.clone(),
+            instance: Some(identity),
+        },
+    );
+    let context = Arc::new(Context {
+        client,
+        claim_retries: Retries::new(RetryPolicy {
+            failure_threshold: settings.failed_provision_threshold,
+            ..settings.retry.clone()
+        }),
+        volume_retries: Retries::new(RetryPolicy {
+            failure_threshold: settings.failed_delete_threshold,
+            ..settings.retry.clone()
+        }),
+        settings,
+        runtime,
+        claims: claims.clone(),
+        volumes: volumes.clone(),
+        classes: classes.clone(),
+        nodes: nodes.clone(),
+        events: EventSink::new(recorder),
+        metrics,
+    });
+
+    let claim_stop = stop.clone();
+    let claim_loop = claim_controller
+        .graceful_shutdown_on(async move { claim_stop.cancelled().await })
+        .run(claims::reconcile, claims::error_policy, context.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "claim controller");
+            }
+        });
+    let volume_stop = stop.clone();
+    let volume_loop = volume_controller
+        .graceful_shutdown_on(async move { volume_stop.cancelled().await })
+        .run(volumes::reconcile, volumes::error_policy, context.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "volume controller");
+            }
+        });
+
+    let readiness = {
+        let health = health.clone();
+        let stop = stop.clone();
+        async move {
+            let synced = futures::future::join4(
+                claims.wait_until_ready(),
+                volumes.wait_until_ready(),
+                classes.wait_until_ready(),
+                nodes.wait_until_ready(),
+            );
+            let synced = tokio::select! {
+                synced = synced => synced,
+                _ = stop.cancelled() => return,
+            };
+            if matches!(synced, (Ok(()), Ok(()), Ok(()), Ok(()))) {
+                info!("caches synced; controllers ready");
+                health
+                    .ready
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    };
+    let depth = {
+        let context = context.clone();
+        let stop = stop.clone();
+        async move {
+            while !stop.is_cancelled() {
+                context
+                    .metrics
+                    .queue_depth
+                    .with_label_values(&["claims"])
+                    .set(context.claim_retries.depth() as i64);
+                context
+                    .metrics
+                    .queue_depth
+                    .with_label_values(&["volumes"])
+                    .set(context.volume_retries.depth() as i64);
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    };
+    futures::future::join4(claim_loop, volume_loop, readiness, depth).await;
+    watcher_stop.cancel();
+    health
+        .ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    info!("controllers stopped");
+}

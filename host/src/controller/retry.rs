@@ -1,0 +1,197 @@
+//! Per-queue retry state: failure counts (keyed by object UID, so a claim recreated under
+//! the same name starts afresh), the seed's combined rate limiter, give-up after the
+//! threshold, and the slow retry of infeasible requests until their class changes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::backoff::Backoff;
+pub use crate::backoff::RetryPolicy;
+
+/// What the queue should do after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Retry after this delay.
+    RetryAfter(Duration),
+    /// The threshold is reached: stop retrying until the object changes.
+    GiveUp { failures: u32 },
+}
+
+#[derive(Default)]
+struct State {
+    backoff: Option<Backoff<String>>,
+    /// Keys given up on, with the fingerprint of the object at that time.
+    given_up: HashMap<String, u64>,
+    /// Keys whose last failure was infeasible, with their class's resourceVersion.
+    infeasible: HashMap<String, String>,
+}
+
+/// The retry state of one queue.
+pub struct Retries {
+    policy: RetryPolicy,
+    state: Mutex<State>,
+}
+
+impl Retries {
+    pub fn new(policy: RetryPolicy) -> Self {
+        Self {
+            policy,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn with_backoff<T>(&self, f: impl FnOnce(&mut Backoff<String>, &mut State) -> T) -> T {
+        let mut state = self.state.lock().expect("retry state lock");
+        let mut backoff = state
+            .backoff
+            .take()
+            .unwrap_or_else(|| Backoff::new(self.policy.clone(), Instant::now()));
+        let result = f(&mut backoff, &mut state);
+        state.backoff = Some(backoff);
+        result
+    }
+
+    /// Records a failure of `key` and says when to retry, or to give up. Give-up is
+    /// remembered with `fingerprint`, so the object is left alone until it changes.
+    pub fn failed(&self, key: &str, fingerprint: u64) -> Next {
+        self.with_backoff(|backoff, state| {
+            let delay = backoff.failed(&key.to_string(), Instant::now());
+            if backoff.should_give_up(&key.to_string()) {
+                state.given_up.insert(key.to_string(), fingerprint);
+                Next::GiveUp {
+                    failures: backoff.failures(&key.to_string()),
+                }
+            } else {
+                Next::RetryAfter(delay)
+            }
+        })
+    }
+
+    /// Records a failure of `key` that must be retried whatever the threshold (cleaning
+    /// up a deleted claim's backend volume): the usual back-off, never a give-up.
+    pub fn failed_forever(&self, key: &str) -> Duration {
+        self.with_backoff(|backoff, _| backoff.failed(&key.to_string(), Instant::now()))
+    }
+
+    /// Records an infeasible answer for `key` under class version `class_version`: the
+    /// slow retry, unless the class changed since the last one (then at once).
+    pub fn infeasible(&self, key: &str, class_version: &str) -> Duration {
+        let mut state = self.state.lock().expect("retry state lock");
+        state
+            .infeasible
+            .insert(key.to_string(), class_version.to_string());
+        self.policy.infeasible_delay()
+    }
+
+    /// Whether `key` was infeasible under a class version other than `class_version`:
+    /// the class changed, so its back-off starts over.
+    pub fn class_changed(&self, key: &str, class_version: &str) -> bool {
+        let mut state = self.state.lock().expect("retry state lock");
+        match state.infeasible.get(key) {
+            Some(version) if version != class_version => {
+                state.infeasible.remove(key);
+                drop(state);
+                self.forget(key);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `key` was given up on and has not changed since (same fingerprint). A
+    /// changed object is forgiven: its failures start from zero.
+    pub fn given_up(&self, key: &str, fingerprint: u64) -> bool {
+        let mut state = self.state.lock().expect("retry state lock");
+        match state.given_up.get(key) {
+            Some(&at) if at == fingerprint => true,
+            Some(_) => {
+                state.given_up.remove(key);
+                drop(state);
+                self.forget(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets everything about `key`: after a success, or when it is gone.
+    pub fn forget(&self, key: &str) {
+        self.with_backoff(|backoff, state| {
+            backoff.forget(&key.to_string());
+            state.given_up.remove(key);
+            state.infeasible.remove(key);
+        });
+    }
+
+    /// How many times `key` has failed since it was last forgotten.
+    pub fn failures(&self, key: &str) -> u32 {
+        self.with_backoff(|backoff, _| backoff.failures(&key.to_string()))
+    }
+
+    /// Items currently failing and waiting for a retry (not given up).
+    pub fn depth(&self) -> usize {
+        let state = self.state.lock().expect("retry state lock");
+        let failing = state.backoff.as_ref().map_or(0, Backoff::len);
+        failing.saturating_sub(state.given_up.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(threshold: u32) -> RetryPolicy {
+        RetryPolicy {
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(8),
+            failure_threshold: threshold,
+            ..RetryPolicy::default()
+        }
+    }
+
+    #[test]
+    fn backs_off_then_gives_up_until_the_object_changes() {
+        let retries = Retries::new(policy(3));
+        assert_eq!(
+            retries.failed("a", 1),
+            Next::RetryAfter(Duration::from_secs(1))
+        );
+        assert_eq!(
+            retries.failed("a", 1),
+            Next::RetryAfter(Duration::from_secs(2))
+        );
+        assert_eq!(retries.failed("a", 1), Next::GiveUp { failures: 3 });
+        assert!(retries.given_up("a", 1));
+        assert_eq!(retries.depth(), 0);
+        // The object changed: forgiven, failures start over.
+        assert!(!retries.given_up("a", 2));
+        assert_eq!(retries.failures("a"), 0);
+        assert_eq!(
+            retries.failed("a", 2),
+            Next::RetryAfter(Duration::from_secs(1))
+        );
+        assert_eq!(retries.depth(), 1);
+    }
+
+    #[test]
+    fn threshold_zero_retries_forever() {
+        let retries = Retries::new(policy(0));
+        for _ in 0..50 {
+            assert!(matches!(retries.failed("a", 1), Next::RetryAfter(_)));
+        }
+        assert_eq!(
+            retries.failed("a", 1),
+            Next::RetryAfter(Duration::from_secs(8))
+        );
+    }
+
+    #[test]
+    fn infeasible_waits_long_until_the_class_changes() {
+        let retries = Retries::new(policy(15));
+        assert_eq!(retries.infeasible("a", "100"), Duration::from_secs(8));
+        assert!(!retries.class_changed("a", "100"));
+        assert!(retries.class_changed("a", "101"));
+        assert!(!retries.class_changed("a", "101"));
+    }
+}

@@ -1,0 +1,285 @@
+//! The volume controller: keeps the HonorPVReclaimPolicy finalizer on our PVs and
+//! deletes the backend volume of a released PV whose policy says Delete, then the PV.
+//!
+//! The module that deletes is the one recorded on the PV when it was made
+//! (`wasm-provisioner.dev/module`), falling back to its class's `module`: a class
+//! changed or deleted since never strands a volume. A module missing at delete time is a
+//! VolumeFailedDelete Event and a retry, never a lost volume: the PV and its finalizer
+//! stay until the backend delete succeeds.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::Context;
+use super::claims::observe_call;
+use super::retry::Next;
+use crate::decide::{self, DeleteDecision, FinalizerAction};
+use crate::names;
+use crate::plugin::types::DeleteError;
+use crate::plugin::{Call, LoadedModule};
+use crate::volume;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("volume {volume}: Kubernetes API: {source}")]
+    Api {
+        volume: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("volume {volume}: {message}")]
+    Delete { volume: String, message: String },
+    #[error(transparent)]
+    Request(#[from] volume::Error),
+}
+
+fn api_error(pv: &PersistentVolume, source: kube::Error) -> Error {
+    Error::Api {
+        volume: pv.name_any(),
+        source,
+    }
+}
+
+fn key(pv: &PersistentVolume) -> String {
+    pv.metadata.uid.clone().unwrap_or_else(|| pv.name_any())
+}
+
+fn class_label(pv: &PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+        .unwrap_or_default()
+}
+
+pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = &ctx.settings.provisioner_name;
+    if !decide::provisioned_by(&pv, name) {
+        return Ok(Action::await_change());
+    }
+    if ctx.settings.volume_protection_finalizer {
+        match decide::pv_finalizer_action(&pv, name) {
+            FinalizerAction::Add => {
+                edit_finalizer(&ctx, &pv, true).await?;
+                return Ok(Action::requeue(ctx.settings.resync_period));
+            }
+            FinalizerAction::Remove => {
+                edit_finalizer(&ctx, &pv, false).await?;
+                return Ok(Action::await_change());
+            }
+            FinalizerAction::None => {}
+        }
+    }
+    match decide::should_delete(&pv, name) {
+        DeleteDecision::Skip(reason) => {
+            tracing::debug!(volume = pv.name_any(), %reason, "not deleting");
+            if pv.metadata.deletion_timestamp.is_none() {
+                ctx.volume_retries.forget(&key(&pv));
+            }
+            Ok(Action::requeue(ctx.settings.resync_period))
+        }
+        DeleteDecision::Delete => delete(&ctx, &pv).await,
+    }
+}
+
+/// The module that made this PV, as recorded on it, else its class's.
+fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>, String> {
+    let recorded = pv.annotations().get(names::ANN_MODULE).cloned();
+    let class = ctx.class(&class_label(pv));
+    let module = recorded
+        .or_else(|| {
+            class
+                .as_ref()
+                .and_then(|c| c.parameters.as_ref()?.get(names::PARAM_MODULE).cloned())
+        })
+        .ok_or_else(|| {
+            format!(
+                "cannot tell which module made it: no {:?} annotation and no class with a {:?} parameter",
+                names::ANN_MODULE,
+                names::PARAM_MODULE
+            )
+        })?;
+    ctx.runtime.resolve(&module, None).map_err(|error| {
+        format!("{error}; the volume is kept and its deletion retried until the module is back")
+    })
+}
+
+async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
+    let volume_name = pv.name_any();
+    let class = class_label(pv);
+    let fail = |message: String| Error::Delete {
+        volume: volume_name.clone(),
+        message,
+    };
+    let module = match module_for(ctx, pv) {
+        Ok(module) => module,
+        Err(message) => {
+            ctx.metrics
+                .delete_failed_total
+                .with_label_values(&[class.as_str()])
+                .inc();
+            ctx.events
+                .volume_warning(pv, names::REASON_VOLUME_FAILED_DELETE, message.clone())
+                .await;
+            return Err(fail(message));
+        }
+    };
+    let request = volume::delete_request(pv, ctx.class(&class).as_deref())?;
+
+    let started = Instant::now();
+    match module.should_delete(&request).await {
+        Ok(true) => {}
+        Ok(false) => {
+            info!(volume = %volume_name, module = module.name(), "plugin declined to delete (should-delete said no)");
+            return Ok(Action::await_change());
+        }
+        Err(error) => {
+            observe_call(
+                ctx,
+                &module,
+                Call::ShouldDelete,
+                started,
+                error.metric_label(),
+            );
+            return Err(delete_failed(ctx, pv, &class, error.to_string()).await);
+        }
+    }
+
+    let gauge = ctx.metrics.in_flight.with_label_values(&["delete"]);
+    gauge.inc();
+    let started = Instant::now();
+    let answer = module.delete(&request).await;
+    gauge.dec();
+    let outcome = match &answer {
+        Ok(Ok(())) => "ok",
+        Ok(Err(DeleteError::Ignored(_))) => "ignored",
+        Ok(Err(DeleteError::Failed(_))) => "failed",
+        Err(error) => error.metric_label(),
+    };
+    observe_call(ctx, &module, Call::Delete, started, outcome);
+    match answer {
+        Ok(Ok(())) => {}
+        Ok(Err(DeleteError::Ignored(message))) => {
+            info!(volume = %volume_name, module = module.name(), %message, "plugin ignored the delete");
+            return Ok(Action::await_change());
+        }
+        Ok(Err(DeleteError::Failed(message))) => {
+            return Err(delete_failed(ctx, pv, &class, message).await);
+        }
+        Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
+    }
+    ctx.metrics
+        .delete_total
+        .with_label_values(&[class.as_str()])
+        .inc();
+    ctx.metrics
+        .delete_duration
+        .with_label_values(&[class.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    info!(volume = %volume_name, module = module.name(), "backend volume deleted");
+
+    // The backend is gone: delete the PV object, then let it go.
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    match api.delete(&volume_name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => return Err(api_error(pv, error)),
+    }
+    if decide::has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION) {
+        edit_finalizer(ctx, pv, false).await?;
+    }
+    ctx.volume_retries.forget(&key(pv));
+    Ok(Action::await_change())
+}
+
+async fn delete_failed(
+    ctx: &Context,
+    pv: &PersistentVolume,
+    class: &str,
+    message: String,
+) -> Error {
+    ctx.metrics
+        .delete_failed_total
+        .with_label_values(&[class])
+        .inc();
+    ctx.events
+        .volume_warning(pv, names::REASON_VOLUME_FAILED_DELETE, message.clone())
+        .await;
+    Error::Delete {
+        volume: pv.name_any(),
+        message,
+    }
+}
+
+/// Adds or removes the protection finalizer with optimistic concurrency (the PV's
+/// resourceVersion), re-reading the PV on a conflict, so a concurrent change to its
+/// finalizers is never overwritten.
+async fn edit_finalizer(ctx: &Context, pv: &PersistentVolume, add: bool) -> Result<(), Error> {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let mut current = pv.clone();
+    for _ in 0..5 {
+        let mut finalizers = current.metadata.finalizers.clone().unwrap_or_default();
+        let has = finalizers
+            .iter()
+            .any(|f| f == names::FINALIZER_PV_PROTECTION);
+        if has == add {
+            return Ok(());
+        }
+        if add {
+            finalizers.push(names::FINALIZER_PV_PROTECTION.to_string());
+        } else {
+            finalizers.retain(|f| f != names::FINALIZER_PV_PROTECTION);
+        }
+        let patch = json!({
+            "metadata": { "resourceVersion": current.resource_version(), "finalizers": finalizers }
+        });
+        match api
+            .patch(
+                &current.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match api.get_opt(&current.name_any()).await {
+                    Ok(Some(fresh)) if fresh.uid() == pv.uid() => current = fresh,
+                    Ok(_) => return Ok(()),
+                    Err(error) => return Err(api_error(pv, error)),
+                }
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(error) => return Err(api_error(pv, error)),
+        }
+    }
+    warn!(
+        volume = pv.name_any(),
+        "the volume kept changing while its finalizers were updated; will retry"
+    );
+    Ok(())
+}
+
+pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(%error, "deleting did not finish; will retry");
+    match ctx.volume_retries.failed(&key(&pv), 0) {
+        Next::RetryAfter(delay) => Action::requeue(delay),
+        Next::GiveUp { failures } => {
+            let message = format!(
+                "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept; fix the cause and restart the host, or delete the backend volume manually"
+            );
+            tokio::spawn(async move {
+                ctx.events
+                    .volume_warning(&pv, names::REASON_VOLUME_FAILED_DELETE, message)
+                    .await;
+            });
+            Action::await_change()
+        }
+    }
+}

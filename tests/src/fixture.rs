@@ -1,0 +1,293 @@
+//! One end-to-end scenario: a namespace, a provisioner name of its own (so tests running
+//! side by side never act on each other's claims), a modules directory, a granted data
+//! directory and a grants file, plus helpers to make classes and claims and wait for
+//! what the host does to them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use serde_json::json;
+
+use crate::cluster::{TestContext, admin_kubeconfig, random_suffix, wait_for};
+use crate::guests;
+use crate::host::{Host, HostConfig};
+
+/// How long a test waits for the host to act.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub struct Fixture {
+    pub ctx: TestContext,
+    pub provisioner: String,
+    /// Root of this scenario's files; removed on drop.
+    pub root: PathBuf,
+    pub modules: PathBuf,
+    /// Granted to modules: `data/<module>` is mapped to the guest path `/volumes`.
+    pub data: PathBuf,
+    pub grants: PathBuf,
+    classes: Vec<String>,
+}
+
+impl Fixture {
+    pub async fn new(test: &str) -> anyhow::Result<Fixture> {
+        let ctx = TestContext::new(test).await?;
+        let provisioner = format!("{}.test.wasm-provisioner.dev", ctx.namespace);
+        let root = std::env::temp_dir().join(format!("wasm-provisioner-{}", ctx.namespace));
+        let modules = root.join("modules");
+        let data = root.join("data");
+        std::fs::create_dir_all(&modules)?;
+        std::fs::create_dir_all(&data)?;
+        let grants = root.join("grants.yaml");
+        let fixture = Fixture {
+            ctx,
+            provisioner,
+            root,
+            modules,
+            data,
+            grants,
+            classes: Vec::new(),
+        };
+        fixture.write_grants(&["hostpath", "nfs-subdir", "echo", "flaky"])?;
+        Ok(fixture)
+    }
+
+    /// Grants each named module a read-write directory `data/<module>` as `/volumes`.
+    pub fn write_grants(&self, modules: &[&str]) -> anyhow::Result<()> {
+        let mut text = format!(
+            "allow:\n  directories: [{}]\nmodules:\n",
+            self.data.display()
+        );
+        for module in modules {
+            let dir = self.data.join(module);
+            std::fs::create_dir_all(&dir)?;
+            text.push_str(&format!(
+                "  {module}:\n    directories:\n      - {{ host: {}, guest: /volumes, mode: read-write }}\n",
+                dir.display()
+            ));
+        }
+        std::fs::write(&self.grants, text)?;
+        Ok(())
+    }
+
+    /// Copies a built guest (`guests/dist/<built>.wasm`) into the modules directory as
+    /// module `module`, atomically (write, then rename).
+    pub fn install_module(&self, built: &str, module: &str) {
+        let staging = self.root.join(format!(".{module}.wasm.tmp"));
+        std::fs::copy(guests::module(built), &staging).expect("copy a built guest");
+        std::fs::rename(&staging, self.modules.join(format!("{module}.wasm")))
+            .expect("install a module");
+    }
+
+    pub fn remove_module(&self, module: &str) {
+        std::fs::remove_file(self.modules.join(format!("{module}.wasm"))).expect("remove a module");
+    }
+
+    /// The host config for this scenario: fast retries, no leader election.
+    pub fn host_config(&self, extra: &[&str]) -> HostConfig {
+        let mut args = HostConfig::fast_retries();
+        args.push("--leader-elect=false".into());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        HostConfig {
+            kubeconfig: admin_kubeconfig(),
+            provisioner_name: self.provisioner.clone(),
+            modules: self.modules.clone(),
+            grants: Some(self.grants.clone()),
+            log_dir: self.root.join("logs"),
+            args,
+        }
+    }
+
+    /// Starts a host for this scenario and waits until it is ready.
+    pub fn host(&self, extra: &[&str]) -> Host {
+        Host::start(&self.host_config(extra)).expect("the host starts")
+    }
+
+    /// Creates a StorageClass of this provisioner; returns its (unique) name.
+    pub async fn class(
+        &mut self,
+        module: &str,
+        parameters: &[(&str, &str)],
+        extra: serde_json::Value,
+    ) -> anyhow::Result<String> {
+        let name = format!("{}-{}-{}", module, self.ctx.namespace, random_suffix());
+        let mut params: BTreeMap<String, String> = parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        params.insert("module".into(), module.into());
+        let mut class = json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": { "name": name },
+            "provisioner": self.provisioner,
+            "parameters": params,
+        });
+        if let (Some(target), Some(extra)) = (class.as_object_mut(), extra.as_object()) {
+            for (key, value) in extra {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+        let class: StorageClass = serde_json::from_value(class)?;
+        Api::<StorageClass>::all(self.ctx.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .with_context(|| format!("creating StorageClass {name}"))?;
+        self.classes.push(name.clone());
+        Ok(name)
+    }
+
+    pub fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.ctx.client.clone(), &self.ctx.namespace)
+    }
+
+    pub fn volumes(&self) -> Api<PersistentVolume> {
+        Api::all(self.ctx.client.clone())
+    }
+
+    /// Creates a claim of `class` for `size` (such as "1Gi"), with extra fields merged
+    /// into its JSON (annotations, volumeMode, ...).
+    pub async fn claim(
+        &self,
+        name: &str,
+        class: &str,
+        size: &str,
+        extra: serde_json::Value,
+    ) -> anyhow::Result<PersistentVolumeClaim> {
+        let mut claim = json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": { "name": name },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": class,
+                "resources": { "requests": { "storage": size } },
+            },
+        });
+        merge(&mut claim, extra);
+        let claim: PersistentVolumeClaim = serde_json::from_value(claim)?;
+        Ok(self.claims().create(&PostParams::default(), &claim).await?)
+    }
+
+    /// Waits until the claim is Bound and returns its PV.
+    pub async fn wait_bound(&self, claim: &str) -> anyhow::Result<PersistentVolume> {
+        let claims = self.claims();
+        let volume = wait_for(&format!("claim {claim} to be Bound"), WAIT, || async {
+            let claim = claims.get(claim).await?;
+            let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+            Ok(bound
+                .then(|| claim.spec.and_then(|s| s.volume_name))
+                .flatten())
+        })
+        .await?;
+        Ok(self.volumes().get(&volume).await?)
+    }
+
+    /// Events (events.k8s.io) about the object named `name` in `namespace`:
+    /// (reason, note) pairs.
+    pub async fn events(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let events: Api<Event> = Api::namespaced(self.ctx.client.clone(), namespace);
+        let list = events.list(&ListParams::default()).await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect())
+    }
+
+    /// Waits for an Event with `reason` on the claim `claim`; returns its note.
+    pub async fn wait_claim_event(&self, claim: &str, reason: &str) -> anyhow::Result<String> {
+        wait_for(
+            &format!("Event {reason} on claim {claim}"),
+            WAIT,
+            || async {
+                let events = self.events(&self.ctx.namespace, claim).await?;
+                Ok(events
+                    .into_iter()
+                    .find(|(r, _)| r == reason)
+                    .map(|(_, note)| note))
+            },
+        )
+        .await
+    }
+
+    /// Waits until `check` holds for the claim (or it is gone: `None`).
+    pub async fn wait_claim<F>(&self, claim: &str, what: &str, check: F) -> anyhow::Result<()>
+    where
+        F: Fn(Option<&PersistentVolumeClaim>) -> bool,
+    {
+        let claims = self.claims();
+        wait_for(&format!("claim {claim}: {what}"), WAIT, || async {
+            let current = claims.get_opt(claim).await?;
+            Ok(check(current.as_ref()).then_some(()))
+        })
+        .await
+    }
+
+    /// Waits until the PV `name` is gone.
+    pub async fn wait_volume_gone(&self, name: &str) -> anyhow::Result<()> {
+        let volumes = self.volumes();
+        wait_for(&format!("volume {name} to be deleted"), WAIT, || async {
+            Ok(volumes.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await
+    }
+
+    /// Creates a Node object (no kubelet runs; it only has to exist and carry labels).
+    pub async fn node(&self, name: &str) -> anyhow::Result<()> {
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                labels: Some(BTreeMap::from([(
+                    "kubernetes.io/hostname".to_string(),
+                    name.to_string(),
+                )])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Node>::all(self.ctx.client.clone())
+            .create(&PostParams::default(), &node)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the classes this fixture made and the namespace.
+    pub async fn cleanup(self) {
+        let classes: Api<StorageClass> = Api::all(self.ctx.client.clone());
+        for class in &self.classes {
+            let _ = classes.delete(class, &DeleteParams::default()).await;
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+        let Fixture { ctx, .. } = self;
+        ctx.cleanup().await;
+    }
+
+    /// The directory a module's volumes live in on this machine.
+    pub fn module_data(&self, module: &str) -> PathBuf {
+        self.data.join(module)
+    }
+}
+
+/// Deep-merges `extra` into `target` (objects merge, anything else replaces).
+pub fn merge(target: &mut serde_json::Value, extra: serde_json::Value) {
+    match (target, extra) {
+        (serde_json::Value::Object(target), serde_json::Value::Object(extra)) => {
+            for (key, value) in extra {
+                merge(target.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (target, extra) if !extra.is_null() => *target = extra,
+        _ => {}
+    }
+}

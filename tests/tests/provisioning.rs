@@ -1,0 +1,466 @@
+//! End to end on the real control plane: the host provisions claims through real guests,
+//! publishes PVs the real binder binds, and deletes backend volumes of released PVs.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use wasm_provisioner_tests::cluster::wait_for;
+use wasm_provisioner_tests::fixture::{Fixture, WAIT};
+
+const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
+const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+fn has_finalizer<K: ResourceExt>(object: &K, finalizer: &str) -> bool {
+    object.finalizers().iter().any(|f| f == finalizer)
+}
+
+/// The whole life of a hostpath volume: Events, the PV as published, the directory on
+/// disk, the protection finalizer, and deletion when the claim goes.
+#[tokio::test]
+async fn hostpath_volume_is_provisioned_bound_and_deleted() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("hostpath-life").await?;
+    fx.install_module("hostpath", "hostpath");
+    let class = fx
+        .class(
+            "hostpath",
+            &[("nodePath", "/var/lib/wasm-provisioner/hostpath")],
+            json!({ "reclaimPolicy": "Delete", "mountOptions": ["noatime"] }),
+        )
+        .await?;
+    let host = fx.host(&[]);
+    let claim = fx.claim("data", &class, "2Gi", json!({})).await?;
+
+    let pv = fx.wait_bound("data").await?;
+    let uid = claim.uid().unwrap();
+    assert_eq!(pv.name_any(), format!("pvc-{uid}"), "deterministic PV name");
+    assert_eq!(
+        pv.annotations().get("pv.kubernetes.io/provisioned-by"),
+        Some(&fx.provisioner)
+    );
+    assert_eq!(
+        pv.annotations()
+            .get("wasm-provisioner.dev/module")
+            .map(String::as_str),
+        Some("hostpath")
+    );
+    let spec = pv.spec.clone().unwrap();
+    assert_eq!(spec.storage_class_name.as_deref(), Some(class.as_str()));
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Delete")
+    );
+    assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
+    assert!(
+        spec.mount_options
+            .unwrap_or_default()
+            .contains(&"noatime".to_string())
+    );
+    assert_eq!(
+        spec.claim_ref.as_ref().and_then(|r| r.uid.as_deref()),
+        Some(uid.as_str())
+    );
+    let capacity = spec.capacity.unwrap_or_default();
+    assert_eq!(capacity.get("storage").map(|q| q.0.as_str()), Some("2Gi"));
+    assert_eq!(
+        spec.host_path.map(|h| h.path),
+        Some(format!("/var/lib/wasm-provisioner/hostpath/pvc-{uid}"))
+    );
+    // The backend volume really exists, inside the granted directory.
+    let dir = fx.module_data("hostpath").join(format!("pvc-{uid}"));
+    assert!(dir.is_dir(), "{} was not created", dir.display());
+
+    fx.wait_claim_event("data", "Provisioning").await?;
+    let note = fx.wait_claim_event("data", "ProvisioningSucceeded").await?;
+    assert!(note.contains(&pv.name_any()), "{note}");
+    // The claim finalizer is gone once the PV exists; the PV carries the protection one.
+    fx.wait_claim("data", "our finalizer removed", |c| {
+        c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
+    })
+    .await?;
+    let volumes = fx.volumes();
+    wait_for("the PV protection finalizer", WAIT, || async {
+        Ok(has_finalizer(&volumes.get(&pv.name_any()).await?, FINALIZER_PV).then_some(()))
+    })
+    .await?;
+
+    fx.claims().delete("data", &DeleteParams::default()).await?;
+    fx.wait_volume_gone(&pv.name_any()).await?;
+    assert!(!dir.exists(), "{} survived the delete", dir.display());
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// Every outcome a plugin can answer, through the echo guest.
+#[tokio::test]
+async fn plugin_outcomes_are_handled_as_the_library_does() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("outcomes").await?;
+    fx.install_module("test-echo", "echo");
+    fx.node("outcomes-node").await.ok();
+    let host = fx.host(&[]);
+
+    // failed: a Warning Event, the claim finalizer removed (nothing left), retried.
+    let failed = fx
+        .class("echo", &[("outcome", "failed")], json!({}))
+        .await?;
+    fx.claim("failed", &failed, "1Gi", json!({})).await?;
+    let note = fx.wait_claim_event("failed", "ProvisioningFailed").await?;
+    assert!(note.contains("echo: failed"), "{note}");
+
+    // ignored: no Warning Event at all, no PV.
+    let ignored = fx
+        .class("echo", &[("outcome", "ignored")], json!({}))
+        .await?;
+    fx.claim("ignored", &ignored, "1Gi", json!({})).await?;
+
+    // in-background: the finalizer stays (the backend may be working) and the host
+    // keeps asking until the plugin answers definitively. `outcomeFile` lets the test
+    // change the answer while the claim is in flight.
+    let outcome_file = fx.module_data("echo").join("background");
+    std::fs::write(&outcome_file, "in-background")?;
+    let background = fx
+        .class("echo", &[("outcomeFile", "/volumes/background")], json!({}))
+        .await?;
+    fx.claim("background", &background, "1Gi", json!({})).await?;
+    let note = fx.wait_claim_event("background", "ProvisioningFailed").await?;
+    assert!(note.contains("echo: in-background"), "{note}");
+    fx.wait_claim("background", "keeps our finalizer", |c| {
+        c.is_some_and(|c| has_finalizer(c, FINALIZER_CLAIM))
+    })
+    .await?;
+
+    // reschedule: the selected-node annotation is removed so the scheduler picks again.
+    let reschedule = fx
+        .class(
+            "echo",
+            &[("outcome", "reschedule")],
+            json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+        )
+        .await?;
+    fx.claim(
+        "reschedule",
+        &reschedule,
+        "1Gi",
+        json!({ "metadata": { "annotations": { "volume.kubernetes.io/selected-node": "outcomes-node" } } }),
+    )
+    .await?;
+    fx.wait_claim("reschedule", "selected-node removed", |c| {
+        c.is_some_and(|c| {
+            !c.annotations()
+                .contains_key("volume.kubernetes.io/selected-node")
+        })
+    })
+    .await?;
+
+    // infeasible: a Warning Event with the plugin's message.
+    let infeasible = fx
+        .class("echo", &[("outcome", "infeasible")], json!({}))
+        .await?;
+    fx.claim("infeasible", &infeasible, "1Gi", json!({}))
+        .await?;
+    let note = fx
+        .wait_claim_event("infeasible", "ProvisioningFailed")
+        .await?;
+    assert!(note.contains("echo: infeasible"), "{note}");
+
+    // After all that, the ignored claim never got a Warning nor a PV.
+    let events = fx.events(&fx.ctx.namespace, "ignored").await?;
+    assert!(
+        events
+            .iter()
+            .all(|(reason, _)| reason != "ProvisioningFailed"),
+        "ignored must not warn: {events:?}"
+    );
+    let claim = fx.claims().get("ignored").await?;
+    assert!(claim.spec.and_then(|s| s.volume_name).is_none());
+    assert!(!has_finalizer(
+        &fx.claims().get("failed").await?,
+        FINALIZER_CLAIM
+    ));
+
+    // The in-background claim is deleted mid-flight: it cannot vanish while the backend
+    // may hold its volume; once the plugin finishes, the host deletes that volume and
+    // lets the claim go.
+    fx.claims().delete("background", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = fx.claims().get_opt("background").await?;
+    assert!(
+        still.is_some_and(|c| c.metadata.deletion_timestamp.is_some() && has_finalizer(&c, FINALIZER_CLAIM)),
+        "a claim whose backend volume may exist must not vanish"
+    );
+    std::fs::write(&outcome_file, "ok")?;
+    fx.wait_claim("background", "gone after cleanup", |c| c.is_none()).await?;
+    let deletes = host
+        .metric("wasm_provisioner_guest_call_duration_seconds_count{module=\"echo\",call=\"delete\",outcome=\"ok\"}")
+        .unwrap_or_default();
+    assert!(deletes >= 1.0, "the finished volume was deleted by the plugin\n{}", host.log_text());
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// The decision rules before a plugin is called: another provisioner's claims, a
+/// WaitForFirstConsumer class without a node, the plugin's veto, block support, the
+/// legacy class annotation, and a missing module fixed by adding it (hot reload).
+#[tokio::test]
+async fn decisions_before_the_plugin_is_called() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("decisions").await?;
+    fx.install_module("test-echo", "echo");
+    fx.node("decisions-node").await.ok();
+    let host = fx.host(&[]);
+
+    // WaitForFirstConsumer: nothing until a node is selected, then provisioned there.
+    let wffc = fx
+        .class(
+            "echo",
+            &[],
+            json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+        )
+        .await?;
+    fx.claim("wffc", &wffc, "1Gi", json!({})).await?;
+    // The veto: should-provision says no, nothing happens.
+    let veto = fx.class("echo", &[("veto", "true")], json!({})).await?;
+    fx.claim("veto", &veto, "1Gi", json!({})).await?;
+    // Block: the echo guest does not support block volumes.
+    let plain = fx.class("echo", &[], json!({})).await?;
+    fx.claim(
+        "block",
+        &plain,
+        "1Gi",
+        json!({ "spec": { "volumeMode": "Block" } }),
+    )
+    .await?;
+    let note = fx.wait_claim_event("block", "ProvisioningFailed").await?;
+    assert!(note.contains("block"), "{note}");
+    // The legacy beta annotation wins over spec.storageClassName.
+    fx.claim(
+        "legacy",
+        "no-such-class",
+        "1Gi",
+        json!({ "metadata": { "annotations": { "volume.beta.kubernetes.io/storage-class": plain } } }),
+    )
+    .await?;
+    fx.wait_bound("legacy").await?;
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for name in ["wffc", "veto"] {
+        let claim = fx.claims().get(name).await?;
+        assert!(
+            claim.spec.and_then(|s| s.volume_name).is_none(),
+            "{name} must not be provisioned"
+        );
+    }
+    fx.claims()
+        .patch(
+            "wffc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": {
+                "volume.kubernetes.io/selected-node": "decisions-node" } } })),
+        )
+        .await?;
+    let pv = fx.wait_bound("wffc").await?;
+    let selected = pv
+        .annotations()
+        .get("echo/selected-node")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        selected.contains("decisions-node"),
+        "the plugin saw the selected node: {selected}"
+    );
+
+    // A class naming a module that is not there: a Warning Event, then the module is
+    // added to the directory and the claim is provisioned without a restart.
+    let later = fx.class("flaky", &[], json!({})).await?;
+    fx.claim("later", &later, "1Gi", json!({})).await?;
+    let note = fx.wait_claim_event("later", "ProvisioningFailed").await?;
+    assert!(note.contains("flaky"), "the Event names the module: {note}");
+    fx.install_module("test-echo", "flaky");
+    fx.wait_bound("later").await?;
+
+    // Claims of another provisioner are never touched.
+    let other: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(json!({
+        "metadata": { "name": format!("other-{}", fx.ctx.namespace) },
+        "provisioner": "someone-else.example.com",
+        "parameters": { "module": "echo" },
+    }))?;
+    let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
+        kube::Api::all(fx.ctx.client.clone());
+    classes.create(&Default::default(), &other).await?;
+    fx.claim("other", &other.name_any(), "1Gi", json!({}))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claim = fx.claims().get("other").await?;
+    assert!(claim.spec.and_then(|s| s.volume_name).is_none());
+    assert!(fx.events(&fx.ctx.namespace, "other").await?.is_empty());
+    classes
+        .delete(&other.name_any(), &DeleteParams::default())
+        .await?;
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// The retry threshold: a claim that keeps failing is given up on with a Warning Event.
+#[tokio::test]
+async fn failing_claim_is_given_up_after_the_threshold() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("threshold").await?;
+    fx.install_module("test-echo", "echo");
+    let host = fx.host(&["--failed-provision-threshold=3"]);
+    let failed = fx
+        .class("echo", &[("outcome", "failed")], json!({}))
+        .await?;
+    fx.claim("doomed", &failed, "1Gi", json!({})).await?;
+    let note = wait_for("the give-up Event", WAIT, || async {
+        let events = fx.events(&fx.ctx.namespace, "doomed").await?;
+        Ok(events
+            .into_iter()
+            .find(|(reason, note)| reason == "ProvisioningFailed" && note.contains("gave up"))
+            .map(|(_, note)| note))
+    })
+    .await?;
+    assert!(note.contains("3 failed attempts"), "{note}");
+    let calls = host
+        .metric("wasm_provisioner_guest_call_failures_total{module=\"echo\",call=\"provision\",outcome=\"failed\"}")
+        .unwrap_or_default();
+    assert_eq!(calls, 3.0, "exactly the threshold of attempts");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = host
+        .metric("wasm_provisioner_guest_call_failures_total{module=\"echo\",call=\"provision\",outcome=\"failed\"}")
+        .unwrap_or_default();
+    assert_eq!(after, 3.0, "no attempt after giving up");
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// The metrics endpoint: the seed's metrics with their labels, the end-to-end histogram,
+/// guest calls, module reloads, health and readiness.
+#[tokio::test]
+async fn metrics_are_scraped_end_to_end() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("metrics").await?;
+    fx.install_module("test-echo", "echo");
+    let class = fx.class("echo", &[], json!({})).await?;
+    let host = fx.host(&[]);
+    fx.claim("one", &class, "1Gi", json!({})).await?;
+    let pv = fx.wait_bound("one").await?;
+    fx.claims().delete("one", &DeleteParams::default()).await?;
+    fx.wait_volume_gone(&pv.name_any()).await?;
+
+    let (code, _) = host.get("/healthz")?;
+    assert_eq!(code, 200);
+    let (code, _) = host.get("/readyz")?;
+    assert_eq!(code, 200);
+    let sample = |s: &str| host.metric(s);
+    assert_eq!(
+        sample(&format!(
+            "controller_persistentvolumeclaim_provision_total{{class=\"{class}\",source=\"\"}}"
+        )),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&format!(
+            "controller_persistentvolumeclaim_provision_duration_seconds_count{{class=\"{class}\",source=\"\"}}"
+        )),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&format!(
+            "controller_persistentvolume_delete_total{{class=\"{class}\"}}"
+        )),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&format!(
+            "controller_persistentvolume_delete_duration_seconds_count{{class=\"{class}\"}}"
+        )),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&format!(
+            "wasm_provisioner_claim_to_volume_seconds_count{{class=\"{class}\"}}"
+        )),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            "wasm_provisioner_guest_call_duration_seconds_count{module=\"echo\",call=\"provision\",outcome=\"ok\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample("wasm_provisioner_module_reloads_total{module=\"echo\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample("wasm_provisioner_operations_in_flight{operation=\"provision\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample("wasm_provisioner_leader"),
+        Some(1.0),
+        "without election the host leads"
+    );
+    assert!(sample("wasm_provisioner_queue_depth{queue=\"claims\"}").is_some());
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// A module swapped while claims are being provisioned: a broken version is refused and
+/// the old one keeps serving; the next good version serves new claims; every claim is
+/// provisioned.
+#[tokio::test]
+async fn module_swapped_while_claims_are_provisioned() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("swap").await?;
+    fx.install_module("test-echo", "echo");
+    let class = fx
+        .class("echo", &[("root", "/srv/minimal")], json!({}))
+        .await?;
+    let host = fx.host(&[]);
+    for i in 0..5 {
+        fx.claim(&format!("c{i}"), &class, "1Gi", json!({})).await?;
+    }
+    std::fs::write(fx.modules.join("echo.wasm"), b"not a component")?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 5..8 {
+        fx.claim(&format!("c{i}"), &class, "1Gi", json!({})).await?;
+    }
+    // Version 2 of module "echo" is a different guest (the minimal example).
+    fx.install_module("minimal", "echo");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 8..10 {
+        fx.claim(&format!("c{i}"), &class, "1Gi", json!({})).await?;
+    }
+    let mut served_by_v1 = 0;
+    for i in 0..10 {
+        let pv = fx.wait_bound(&format!("c{i}")).await?;
+        let v1 = pv.annotations().contains_key("echo/volume-name");
+        served_by_v1 += usize::from(v1);
+        if i >= 8 {
+            assert!(
+                !v1,
+                "c{i} was created after the swap and must be served by version 2"
+            );
+        }
+    }
+    assert!(
+        served_by_v1 >= 5,
+        "claims made before the swap were served by version 1"
+    );
+    assert_eq!(
+        host.metric("wasm_provisioner_module_refusals_total{module=\"echo\"}"),
+        Some(1.0),
+        "the broken version was refused\n{}",
+        host.log_text()
+    );
+    assert_eq!(
+        host.metric("wasm_provisioner_module_reloads_total{module=\"echo\"}"),
+        Some(2.0)
+    );
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}

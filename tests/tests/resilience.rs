@@ -1,0 +1,173 @@
+//! What must survive a crash, a deleted claim and a change of leader: no backend volume
+//! is ever orphaned and no claim is provisioned twice.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use wasm_provisioner_tests::cluster::wait_for;
+use wasm_provisioner_tests::fixture::{Fixture, WAIT};
+use wasm_provisioner_tests::host::Host;
+
+const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
+
+/// A host killed between the plugin's provision and the PV create (the fault hook exits
+/// exactly there, as kill -9 would): the claim keeps our finalizer, and the next host
+/// publishes the same backend volume instead of making a second one.
+#[tokio::test]
+async fn crash_between_provision_and_pv_create_then_restart_publishes_the_volume()
+-> anyhow::Result<()> {
+    let mut fx = Fixture::new("crash-publish").await?;
+    fx.install_module("hostpath", "hostpath");
+    let class = fx
+        .class("hostpath", &[("nodePath", "/srv/volumes")], json!({}))
+        .await?;
+    let mut crashing = fx.host(&["--fault-exit-after-provision"]);
+    let claim = fx.claim("data", &class, "1Gi", json!({})).await?;
+    let status = crashing.wait(WAIT)?;
+    assert_eq!(
+        status.code(),
+        Some(137),
+        "the fault hook exits like kill -9"
+    );
+
+    let uid = claim.uid().unwrap();
+    let dir = fx.module_data("hostpath").join(format!("pvc-{uid}"));
+    assert!(dir.is_dir(), "the backend volume was made before the crash");
+    assert!(
+        fx.volumes().get_opt(&format!("pvc-{uid}")).await?.is_none(),
+        "no PV yet"
+    );
+    let claim = fx.claims().get("data").await?;
+    assert!(
+        claim.finalizers().iter().any(|f| f == FINALIZER_CLAIM),
+        "intent persisted on the claim"
+    );
+
+    let host = fx.host(&[]);
+    let pv = fx.wait_bound("data").await?;
+    assert_eq!(pv.name_any(), format!("pvc-{uid}"));
+    let entries: Vec<_> = std::fs::read_dir(fx.module_data("hostpath"))?.collect();
+    assert_eq!(entries.len(), 1, "exactly one backend volume: {entries:?}");
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// The same crash, but the claim is deleted while no host runs: the claim cannot vanish
+/// (our finalizer), and the next host deletes the backend volume, then lets it go.
+#[tokio::test]
+async fn crash_then_claim_deleted_leaves_no_orphan() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("crash-orphan").await?;
+    fx.install_module("hostpath", "hostpath");
+    let class = fx
+        .class("hostpath", &[("nodePath", "/srv/volumes")], json!({}))
+        .await?;
+    let mut crashing = fx.host(&["--fault-exit-after-provision"]);
+    let claim = fx.claim("data", &class, "1Gi", json!({})).await?;
+    assert_eq!(crashing.wait(WAIT)?.code(), Some(137));
+    let dir = fx
+        .module_data("hostpath")
+        .join(format!("pvc-{}", claim.uid().unwrap()));
+    assert!(dir.is_dir());
+
+    fx.claims().delete("data", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let terminating = fx.claims().get("data").await?;
+    assert!(
+        terminating.metadata.deletion_timestamp.is_some(),
+        "the claim waits for us"
+    );
+
+    let host = fx.host(&[]);
+    fx.wait_claim("data", "gone", |c| c.is_none()).await?;
+    assert!(
+        !dir.exists(),
+        "the backend volume of the deleted claim was cleaned up"
+    );
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+fn leader_gauge(host: &Host) -> Option<f64> {
+    host.metric("wasm_provisioner_leader")
+}
+
+/// Two hosts, one Lease: only the leader provisions; a graceful stop releases the
+/// lease and the standby takes over at once; a host that loses its lease exits non-zero.
+#[tokio::test]
+async fn leader_hands_over_between_two_hosts() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("leader").await?;
+    fx.install_module("test-echo", "echo");
+    let class = fx.class("echo", &[], json!({})).await?;
+    let election = [
+        "--leader-elect=true",
+        "--leader-election-lease-duration=4s",
+        "--leader-election-renew-deadline=3s",
+    ];
+    let namespace_flag = format!("--leader-election-namespace={}", fx.ctx.namespace);
+    let flags = |config: &mut wasm_provisioner_tests::host::HostConfig| {
+        config.args.retain(|a| a != "--leader-elect=false");
+        config.args.extend(election.iter().map(|s| s.to_string()));
+        config.args.push(namespace_flag.clone());
+    };
+    let mut first_config = fx.host_config(&[]);
+    flags(&mut first_config);
+    let mut first = Host::start(&first_config)?;
+    wait_for("the first host to lead", WAIT, || async {
+        Ok((leader_gauge(&first) == Some(1.0)).then_some(()))
+    })
+    .await?;
+    let mut second = Host::start(&first_config)?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        leader_gauge(&second),
+        Some(0.0),
+        "the second host stands by"
+    );
+
+    fx.claim("one", &class, "1Gi", json!({})).await?;
+    fx.wait_bound("one").await?;
+
+    let status = first.terminate(Duration::from_secs(30))?;
+    assert!(
+        status.success(),
+        "a graceful stop exits 0: {status:?}\n{}",
+        first.log_text()
+    );
+    wait_for(
+        "the second host to take over",
+        Duration::from_secs(20),
+        || async { Ok((leader_gauge(&second) == Some(1.0)).then_some(())) },
+    )
+    .await?;
+    fx.claim("two", &class, "1Gi", json!({})).await?;
+    fx.wait_bound("two").await?;
+
+    // Someone else takes the Lease: the second host must stop and exit non-zero.
+    let leases: Api<Lease> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+    let lease_name = fx.provisioner.replace('/', "-");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    leases
+        .patch(
+            &lease_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": {
+                "holderIdentity": "an-intruder",
+                "acquireTime": now.to_string(),
+                "renewTime": now.to_string(),
+                "leaseDurationSeconds": 3600,
+            }})),
+        )
+        .await?;
+    let status = second.wait(Duration::from_secs(30))?;
+    assert!(
+        !status.success(),
+        "losing the lease exits non-zero: {status:?}"
+    );
+    fx.cleanup().await;
+    Ok(())
+}
