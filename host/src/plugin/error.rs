@@ -1,0 +1,223 @@
+//! Errors of the plugin runtime: a failed call, a refused module version, a failed
+//! lookup. Each says what happened, to which module version, and what to do.
+
+use std::fmt;
+use std::time::Duration;
+
+/// An export of the world the host calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Call {
+    Describe,
+    ShouldProvision,
+    Provision,
+    ShouldDelete,
+    Delete,
+}
+
+impl Call {
+    /// The export's name in the WIT world.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Call::Describe => "describe",
+            Call::ShouldProvision => "should-provision",
+            Call::Provision => "provision",
+            Call::ShouldDelete => "should-delete",
+            Call::Delete => "delete",
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which call of which module version failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallTarget {
+    pub module: String,
+    /// The version: the first 12 hex digits of the module's sha256.
+    pub version: String,
+    pub call: Call,
+}
+
+impl fmt::Display for CallTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "call `{}` of module {} (version sha256:{})",
+            self.call, self.module, self.version
+        )
+    }
+}
+
+/// Why a call into a guest did not produce an answer. The guest's own errors
+/// (`provision-error`, `delete-error`) are answers, not `CallError`s.
+///
+/// Every variant fails that one call only: the instance is thrown away, the module keeps
+/// serving other calls.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("{target} trapped: {cause}")]
+    Trap { target: CallTarget, cause: String },
+    #[error(
+        "{target} timed out after {}s and was stopped; if the backend is legitimately this slow, \
+         raise modules.{}.limits.timeoutSeconds in the grants file",
+        timeout.as_secs_f64(), target.module
+    )]
+    Timeout {
+        target: CallTarget,
+        timeout: Duration,
+    },
+    #[error(
+        "{target} ran out of memory: it asked for more than its {limit_bytes} bytes of linear memory \
+         (all memories together); raise modules.{}.limits.memoryBytes in the grants file if that is legitimate",
+        target.module
+    )]
+    MemoryExhausted {
+        target: CallTarget,
+        limit_bytes: u64,
+    },
+    #[error(
+        "{target} refused: {max_concurrent_calls} calls of this module are already running \
+         (modules.{}.limits.maxConcurrentCalls); retry later",
+        target.module
+    )]
+    Busy {
+        target: CallTarget,
+        max_concurrent_calls: u32,
+    },
+    #[error("{target} returned a malformed answer: {reason}")]
+    MalformedAnswer { target: CallTarget, reason: String },
+    #[error("{target} could not start: the sandbox could not be set up: {cause}")]
+    Sandbox { target: CallTarget, cause: String },
+}
+
+impl CallError {
+    /// A stable label for metrics and Event reasons.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            CallError::Trap { .. } => "trap",
+            CallError::Timeout { .. } => "timeout",
+            CallError::MemoryExhausted { .. } => "memory_exhausted",
+            CallError::Busy { .. } => "busy",
+            CallError::MalformedAnswer { .. } => "malformed_answer",
+            CallError::Sandbox { .. } => "sandbox",
+        }
+    }
+
+    /// The call that failed.
+    pub fn target(&self) -> &CallTarget {
+        match self {
+            CallError::Trap { target, .. }
+            | CallError::Timeout { target, .. }
+            | CallError::MemoryExhausted { target, .. }
+            | CallError::Busy { target, .. }
+            | CallError::MalformedAnswer { target, .. }
+            | CallError::Sandbox { target, .. } => target,
+        }
+    }
+
+    /// Whether retrying soon may succeed (a busy module, a timeout) rather than fail
+    /// the same way again.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, CallError::Busy { .. } | CallError::Timeout { .. })
+    }
+}
+
+/// Why a module version was not put in service. The previous version, if any, keeps
+/// serving.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("module {module}: cannot read {path}: {cause}")]
+    Read {
+        module: String,
+        path: String,
+        cause: String,
+    },
+    #[error("module {module}: {path} is {size} bytes, more than the {max} bytes a module may have")]
+    TooLarge {
+        module: String,
+        path: String,
+        size: u64,
+        max: u64,
+    },
+    #[error(
+        "module {module} (version sha256:{version}) refused: not a valid WebAssembly component for this host: {cause}"
+    )]
+    Compile {
+        module: String,
+        version: String,
+        cause: String,
+    },
+    #[error(
+        "module {module} (version sha256:{version}) refused: it does not implement the \
+         wasm-provisioner:plugin provisioner world, or imports what the host does not provide: {cause}"
+    )]
+    World {
+        module: String,
+        version: String,
+        cause: String,
+    },
+    #[error(
+        "module {module} (version sha256:{version}) refused: its `describe` call failed: {error}"
+    )]
+    Describe {
+        module: String,
+        version: String,
+        error: Box<CallError>,
+    },
+    #[error(
+        "module {module}: {name:?} is not a valid module name (lowercase letters, digits and '-', at most 63 characters)"
+    )]
+    InvalidName { module: String, name: String },
+}
+
+impl LoadError {
+    /// The module the failed load was for.
+    pub fn module(&self) -> &str {
+        match self {
+            LoadError::Read { module, .. }
+            | LoadError::TooLarge { module, .. }
+            | LoadError::Compile { module, .. }
+            | LoadError::World { module, .. }
+            | LoadError::Describe { module, .. }
+            | LoadError::InvalidName { module, .. } => module,
+        }
+    }
+
+    /// The refused version (sha256 prefix), when the bytes were read.
+    pub fn version(&self) -> Option<&str> {
+        match self {
+            LoadError::Compile { version, .. }
+            | LoadError::World { version, .. }
+            | LoadError::Describe { version, .. } => Some(version),
+            _ => None,
+        }
+    }
+}
+
+/// Why a module could not be found for a class.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error(
+        "module {module} is not loaded (loaded: {}); put {module}.wasm in the modules directory, \
+         or fix the class's `module` parameter",
+        if loaded.is_empty() { "none".to_string() } else { loaded.join(", ") }
+    )]
+    NotLoaded { module: String, loaded: Vec<String> },
+    #[error(
+        "module {module} is pinned to sha256:{pinned} by the class's moduleSHA256 parameter, but the \
+         version serving is sha256:{current}; deploy the pinned version or update moduleSHA256 to {current}"
+    )]
+    PinMismatch {
+        module: String,
+        pinned: String,
+        current: String,
+    },
+    #[error(
+        "the class's moduleSHA256 {pinned:?} for module {module} is not a sha256 digest (64 hex digits, optionally prefixed with sha256:)"
+    )]
+    InvalidPin { module: String, pinned: String },
+}

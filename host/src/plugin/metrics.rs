@@ -1,0 +1,94 @@
+//! Counters of the plugin runtime: loads, refusals, removals and call outcomes, per
+//! module, plus compiles and cache hits. Plain counters for now; the metrics endpoint
+//! reads them through [`Metrics::snapshot`].
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of one module name (all its versions).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModuleCounters {
+    /// Versions accepted and put in service (the first load counts).
+    pub reloads_total: u64,
+    /// Versions refused (compile error, wrong world, `describe` failed, ...).
+    pub refusals_total: u64,
+    /// Times the module was taken out of service because its file disappeared.
+    pub removals_total: u64,
+    /// Calls made (all outcomes).
+    pub calls_total: u64,
+    /// Calls that failed in the host's sandbox, by `CallError::metric_label`.
+    pub call_failures_total: BTreeMap<&'static str, u64>,
+}
+
+/// The runtime's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    compiles_total: AtomicU64,
+    cache_hits_total: AtomicU64,
+    modules: Mutex<BTreeMap<String, ModuleCounters>>,
+}
+
+impl Metrics {
+    /// Components compiled from wasm (cache misses included).
+    pub fn compiles_total(&self) -> u64 {
+        self.compiles_total.load(Ordering::Relaxed)
+    }
+
+    /// Components loaded from the precompiled cache without compiling.
+    pub fn cache_hits_total(&self) -> u64 {
+        self.cache_hits_total.load(Ordering::Relaxed)
+    }
+
+    /// The counters of one module (zero when never seen).
+    pub fn module(&self, name: &str) -> ModuleCounters {
+        self.lock().get(name).cloned().unwrap_or_default()
+    }
+
+    /// The counters of every module seen.
+    pub fn snapshot(&self) -> BTreeMap<String, ModuleCounters> {
+        self.lock().clone()
+    }
+
+    pub(crate) fn record_compile(&self, cache_hit: bool) {
+        let counter = if cache_hit {
+            &self.cache_hits_total
+        } else {
+            &self.compiles_total
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_reload(&self, module: &str) {
+        self.update(module, |c| c.reloads_total += 1);
+    }
+
+    pub(crate) fn record_refusal(&self, module: &str) {
+        self.update(module, |c| c.refusals_total += 1);
+    }
+
+    pub(crate) fn record_removal(&self, module: &str) {
+        self.update(module, |c| c.removals_total += 1);
+    }
+
+    pub(crate) fn record_call(&self, module: &str, failure: Option<&'static str>) {
+        self.update(module, |c| {
+            c.calls_total += 1;
+            if let Some(label) = failure {
+                *c.call_failures_total.entry(label).or_default() += 1;
+            }
+        });
+    }
+
+    fn update(&self, module: &str, change: impl FnOnce(&mut ModuleCounters)) {
+        let mut modules = self.lock();
+        match modules.get_mut(module) {
+            Some(counters) => change(counters),
+            None => change(modules.entry(module.to_string()).or_default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ModuleCounters>> {
+        self.modules.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

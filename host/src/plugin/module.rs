@@ -1,0 +1,302 @@
+//! A loaded module version and the calls into it.
+//!
+//! A [`LoadedModule`] is immutable: one version (one sha256) of one module, compiled,
+//! linked (`ProvisionerPre`) and described once. Every call gets a fresh `Store` and
+//! instance, under the module's limits. A reload makes a new `LoadedModule`; calls that
+//! hold an `Arc` of the old one finish on it.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::Semaphore;
+use wasmtime::component::ResourceTableError;
+use wasmtime::{Engine, Store, Trap};
+
+use super::answer;
+use super::bindings::types::{
+    DeleteError, DeleteRequest, PluginInfo, ProvisionError, ProvisionRequest, Volume,
+};
+use super::bindings::{Provisioner, ProvisionerPre};
+use super::engine::EpochTicker;
+use super::error::{Call, CallError, CallTarget};
+use super::grants::ModuleGrants;
+use super::limits::Limits;
+use super::metrics::Metrics;
+use super::sandbox::{DeadlineExceeded, GuestState, Sandbox};
+
+/// Hex digits of the sha256 used as a module's short version in logs and errors.
+pub const VERSION_DIGITS: usize = 12;
+
+/// Longest trap message kept in an error (backtraces of big guests are long).
+const MAX_CAUSE_BYTES: usize = 2048;
+
+/// One version of one module, ready to call.
+pub struct LoadedModule {
+    name: Arc<str>,
+    sha256: String,
+    version: Arc<str>,
+    info: PluginInfo,
+    pre: ProvisionerPre<GuestState>,
+    engine: Engine,
+    sandbox: Sandbox,
+    permits: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    loaded_at: SystemTime,
+    // Deadlines need the ticker running as long as any version can be called.
+    _ticker: Arc<EpochTicker>,
+}
+
+impl std::fmt::Debug for LoadedModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModule")
+            .field("name", &self.name)
+            .field("sha256", &self.sha256)
+            .field("info", &self.info)
+            .field("limits", &self.sandbox.grants.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a module is made of before its `describe` call.
+pub(crate) struct ModuleParts {
+    pub(crate) name: Arc<str>,
+    pub(crate) sha256: String,
+    pub(crate) pre: ProvisionerPre<GuestState>,
+    pub(crate) engine: Engine,
+    pub(crate) grants: ModuleGrants,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) ticker: Arc<EpochTicker>,
+}
+
+impl LoadedModule {
+    /// Calls `describe` and, if it answers sanely, makes the module callable.
+    pub(crate) async fn describe(parts: ModuleParts) -> Result<LoadedModule, CallError> {
+        let version: Arc<str> = parts.sha256[..VERSION_DIGITS].into();
+        let sandbox = Sandbox::new(parts.name.clone(), version.clone(), parts.grants);
+        let mut module = LoadedModule {
+            name: parts.name,
+            sha256: parts.sha256,
+            version,
+            info: PluginInfo {
+                name: String::new(),
+                version: String::new(),
+                supports_block: false,
+                data_source_kinds: Vec::new(),
+            },
+            pre: parts.pre,
+            engine: parts.engine,
+            sandbox,
+            permits: parts.permits,
+            metrics: parts.metrics,
+            loaded_at: SystemTime::now(),
+            _ticker: parts.ticker,
+        };
+        let info = module
+            .invoke(Call::Describe, async |p, s| p.call_describe(s).await)
+            .await?;
+        answer::check_info(&info).map_err(|reason| module.malformed(Call::Describe, reason))?;
+        module.info = info;
+        Ok(module)
+    }
+
+    /// The module's name (its file is `NAME.wasm`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The full sha256 of the module bytes, lowercase hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// The short version used in logs and errors: the first 12 hex digits of the sha256.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// What the plugin said about itself when it was loaded.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.sandbox.grants.limits
+    }
+
+    pub fn grants(&self) -> &ModuleGrants {
+        &self.sandbox.grants
+    }
+
+    pub fn loaded_at(&self) -> SystemTime {
+        self.loaded_at
+    }
+
+    /// Calls currently running in this module (all its versions share the budget).
+    pub fn calls_in_flight(&self) -> u32 {
+        let max = self.limits().max_concurrent_calls as usize;
+        (max.saturating_sub(self.permits.available_permits())) as u32
+    }
+
+    /// The plugin's veto before `provision`.
+    pub async fn should_provision(&self, request: &ProvisionRequest) -> Result<bool, CallError> {
+        self.invoke(Call::ShouldProvision, async |p, s| {
+            p.call_should_provision(s, request).await
+        })
+        .await
+    }
+
+    /// Makes the backend volume. `Ok(Err(_))` is the plugin's own answer (ignored,
+    /// failed, in background, reschedule, infeasible); `Err(_)` is a host-side failure.
+    pub async fn provision(
+        &self,
+        request: &ProvisionRequest,
+    ) -> Result<Result<Volume, ProvisionError>, CallError> {
+        let answer = self
+            .invoke(Call::Provision, async |p, s| {
+                p.call_provision(s, request).await
+            })
+            .await?;
+        let checked = match &answer {
+            Ok(volume) => answer::check_size(volume),
+            Err(error) => answer::check_size(error),
+        };
+        checked.map_err(|reason| self.malformed(Call::Provision, reason))?;
+        Ok(answer)
+    }
+
+    /// The plugin's veto before `delete`.
+    pub async fn should_delete(&self, request: &DeleteRequest) -> Result<bool, CallError> {
+        self.invoke(Call::ShouldDelete, async |p, s| {
+            p.call_should_delete(s, request).await
+        })
+        .await
+    }
+
+    /// Deletes (or archives) the backend volume. `Ok(Err(_))` is the plugin's answer.
+    pub async fn delete(
+        &self,
+        request: &DeleteRequest,
+    ) -> Result<Result<(), DeleteError>, CallError> {
+        let answer = self
+            .invoke(Call::Delete, async |p, s| p.call_delete(s, request).await)
+            .await?;
+        answer::check_size(&answer).map_err(|reason| self.malformed(Call::Delete, reason))?;
+        Ok(answer)
+    }
+
+    fn target(&self, call: Call) -> CallTarget {
+        CallTarget {
+            module: self.name.to_string(),
+            version: self.version.to_string(),
+            call,
+        }
+    }
+
+    fn malformed(&self, call: Call, reason: String) -> CallError {
+        let error = CallError::MalformedAnswer {
+            target: self.target(call),
+            reason,
+        };
+        self.metrics
+            .record_call(&self.name, Some(error.metric_label()));
+        tracing::warn!(module = %self.name, version = %self.version, call = %call, "{error}");
+        error
+    }
+
+    /// One call: a permit, a fresh store and instance, the export, the verdict.
+    async fn invoke<R>(
+        &self,
+        call: Call,
+        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let result = self.invoke_inner(call, run).await;
+        self.metrics.record_call(
+            &self.name,
+            result.as_ref().err().map(CallError::metric_label),
+        );
+        if let Err(error) = &result {
+            tracing::warn!(module = %self.name, version = %self.version, call = %call, "{error}");
+        }
+        result
+    }
+
+    async fn invoke_inner<R>(
+        &self,
+        call: Call,
+        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let limits = self.limits();
+        let _permit = self
+            .permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| CallError::Busy {
+                target: self.target(call),
+                max_concurrent_calls: limits.max_concurrent_calls,
+            })?;
+        let mut store = self
+            .sandbox
+            .store(&self.engine, call.as_str())
+            .map_err(|cause| CallError::Sandbox {
+                target: self.target(call),
+                cause,
+            })?;
+        // The epoch deadline stops guest code; this timeout also bounds host I/O the
+        // guest waits on (an HTTP request), which epochs cannot interrupt.
+        let outcome = tokio::time::timeout(limits.timeout, async {
+            let instance = self.pre.instantiate_async(&mut store).await?;
+            run(&instance, &mut store).await
+        })
+        .await;
+        match outcome {
+            Ok(Ok(answer)) => Ok(answer),
+            Err(_elapsed) => Err(CallError::Timeout {
+                target: self.target(call),
+                timeout: limits.timeout,
+            }),
+            Ok(Err(error)) => Err(self.classify(call, error, &store)),
+        }
+    }
+
+    fn classify(&self, call: Call, error: wasmtime::Error, store: &Store<GuestState>) -> CallError {
+        let target = self.target(call);
+        let limits = self.limits();
+        if error.downcast_ref::<DeadlineExceeded>().is_some() {
+            return CallError::Timeout {
+                target,
+                timeout: limits.timeout,
+            };
+        }
+        if store.data().limiter.exhausted()
+            || error
+                .downcast_ref::<ResourceTableError>()
+                .is_some_and(|e| matches!(e, ResourceTableError::Full))
+        {
+            return CallError::MemoryExhausted {
+                target,
+                limit_bytes: limits.memory_bytes,
+            };
+        }
+        let cause = match error.downcast_ref::<Trap>() {
+            Some(trap) => format!("{trap}: {error:?}"),
+            None => format!("{error:?}"),
+        };
+        CallError::Trap {
+            target,
+            cause: truncate(cause),
+        }
+    }
+}
+
+fn truncate(mut text: String) -> String {
+    if text.len() > MAX_CAUSE_BYTES {
+        let mut end = MAX_CAUSE_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" ...");
+    }
+    text
+}

@@ -1,0 +1,354 @@
+//! The plugin runtime: one engine, the modules in service, loading and swapping them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::Engine;
+use wasmtime::component::{Component, Linker};
+
+use super::bindings::ProvisionerPre;
+use super::cache::{CompileOutcome, PrecompiledCache};
+use super::engine::{EpochTicker, new_engine};
+use super::error::{LoadError, ResolveError};
+use super::grants::Grants;
+use super::metrics::Metrics;
+use super::module::{LoadedModule, ModuleParts, VERSION_DIGITS};
+use super::sandbox::{GuestState, linker};
+
+/// Largest module file accepted (Python and JavaScript guests are 12-35 MB).
+pub const MAX_MODULE_BYTES: u64 = 256 * 1024 * 1024;
+/// Compilations running at once: compiling is CPU-heavy and must not starve the
+/// controllers (Cranelift itself compiles functions in parallel).
+pub const COMPILE_CONCURRENCY: usize = 1;
+
+/// How the runtime is set up.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeConfig {
+    /// What each module may touch, and its limits.
+    pub grants: Grants,
+    /// Where precompiled components are kept; `None` compiles on every load.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("cannot configure the WebAssembly engine: {0}")]
+    Engine(String),
+    #[error("cannot use the precompiled cache directory {dir}: {source}")]
+    Cache {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start the epoch ticker thread: {0}")]
+    Ticker(std::io::Error),
+}
+
+/// What a load did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// A module that was not in service now is.
+    Loaded { sha256: String },
+    /// A new version replaced the one in service.
+    Replaced { previous: String, sha256: String },
+    /// The bytes are those of the version already in service.
+    Unchanged,
+}
+
+/// The plugin runtime. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<GuestState>,
+    cache: Option<PrecompiledCache>,
+    grants: Grants,
+    modules: RwLock<BTreeMap<String, Arc<LoadedModule>>>,
+    /// The concurrency budget of each module name, shared by all its versions.
+    permits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    metrics: Arc<Metrics>,
+    ticker: Arc<EpochTicker>,
+    compiles: Semaphore,
+    /// Loads run one at a time, so two reloads of one module cannot race.
+    loading: tokio::sync::Mutex<()>,
+}
+
+impl Runtime {
+    /// Builds the engine, the linker and the cache, and starts the epoch ticker.
+    pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        let engine = new_engine().map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let linker = linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let cache = match &config.cache_dir {
+            Some(dir) => Some(PrecompiledCache::open(dir, &engine).map_err(|source| {
+                RuntimeError::Cache {
+                    dir: dir.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        let ticker = Arc::new(EpochTicker::start(&engine).map_err(RuntimeError::Ticker)?);
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                cache,
+                grants: config.grants,
+                modules: RwLock::default(),
+                permits: Mutex::default(),
+                metrics: Arc::default(),
+                ticker,
+                compiles: Semaphore::new(COMPILE_CONCURRENCY),
+                loading: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    pub fn grants(&self) -> &Grants {
+        &self.inner.grants
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The version of `name` in service, if any.
+    pub fn module(&self, name: &str) -> Option<Arc<LoadedModule>> {
+        self.read_modules().get(name).cloned()
+    }
+
+    /// Every module in service.
+    pub fn modules(&self) -> Vec<Arc<LoadedModule>> {
+        self.read_modules().values().cloned().collect()
+    }
+
+    /// The module a class names, checked against the class's `moduleSHA256` pin.
+    pub fn resolve(
+        &self,
+        name: &str,
+        pinned_sha256: Option<&str>,
+    ) -> Result<Arc<LoadedModule>, ResolveError> {
+        let module = self.module(name).ok_or_else(|| ResolveError::NotLoaded {
+            module: name.to_string(),
+            loaded: self.read_modules().keys().cloned().collect(),
+        })?;
+        if let Some(pinned) = pinned_sha256.map(str::trim).filter(|p| !p.is_empty()) {
+            let digest = pinned
+                .strip_prefix("sha256:")
+                .unwrap_or(pinned)
+                .to_ascii_lowercase();
+            if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ResolveError::InvalidPin {
+                    module: name.to_string(),
+                    pinned: pinned.to_string(),
+                });
+            }
+            if digest != module.sha256() {
+                return Err(ResolveError::PinMismatch {
+                    module: name.to_string(),
+                    pinned: digest,
+                    current: module.sha256().to_string(),
+                });
+            }
+        }
+        Ok(module)
+    }
+
+    /// Loads `path` as module `name`: validates it fully (compile, world, `describe`)
+    /// and only then puts it in service. On failure the version in service, if any,
+    /// keeps serving; the refusal is logged and counted.
+    pub async fn load_file(&self, name: &str, path: &Path) -> Result<LoadOutcome, LoadError> {
+        let bytes = read_module(name, path).inspect_err(|error| self.refused(error))?;
+        self.load_bytes(name, bytes).await
+    }
+
+    /// Like [`Runtime::load_file`], from bytes.
+    pub async fn load_bytes(&self, name: &str, bytes: Vec<u8>) -> Result<LoadOutcome, LoadError> {
+        let result = self.load_checked(name, bytes).await;
+        if let Err(error) = &result {
+            self.refused(error);
+        }
+        result
+    }
+
+    /// Takes `name` out of service. Calls already running finish on their version.
+    pub fn remove(&self, name: &str) -> Option<Arc<LoadedModule>> {
+        let removed = self
+            .inner
+            .modules
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        if let Some(module) = &removed {
+            self.inner.metrics.record_removal(name);
+            tracing::info!(
+                module = name,
+                version = module.version(),
+                in_flight = module.calls_in_flight(),
+                "module removed from service; calls already running finish on their version"
+            );
+        }
+        removed
+    }
+
+    fn refused(&self, error: &LoadError) {
+        self.inner.metrics.record_refusal(error.module());
+        let serving = self.module(error.module());
+        tracing::warn!(
+            module = error.module(),
+            version = error.version().unwrap_or("unknown"),
+            serving = serving.as_ref().map(|m| m.version()).unwrap_or("none"),
+            "module version refused: {error}; {}",
+            if serving.is_some() {
+                "the previous version keeps serving"
+            } else {
+                "the module is not in service"
+            }
+        );
+    }
+
+    async fn load_checked(&self, name: &str, bytes: Vec<u8>) -> Result<LoadOutcome, LoadError> {
+        if !super::is_valid_module_name(name) {
+            return Err(LoadError::InvalidName {
+                module: name.to_string(),
+                name: name.to_string(),
+            });
+        }
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let version = sha256[..VERSION_DIGITS].to_string();
+        let _loading = self.inner.loading.lock().await;
+        let previous = self.module(name);
+        if previous.as_ref().is_some_and(|m| m.sha256() == sha256) {
+            return Ok(LoadOutcome::Unchanged);
+        }
+
+        let component = self.compile(name, &version, &sha256, bytes).await?;
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .and_then(ProvisionerPre::new)
+            .map_err(|e| LoadError::World {
+                module: name.to_string(),
+                version: version.clone(),
+                cause: format!("{e:#}"),
+            })?;
+        let grants = self.inner.grants.for_module(name);
+        let permits = self
+            .inner
+            .permits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(Semaphore::new(grants.limits.max_concurrent_calls as usize))
+            })
+            .clone();
+        let module = LoadedModule::describe(ModuleParts {
+            name: name.into(),
+            sha256: sha256.clone(),
+            pre,
+            engine: self.inner.engine.clone(),
+            grants,
+            permits,
+            metrics: self.inner.metrics.clone(),
+            ticker: self.inner.ticker.clone(),
+        })
+        .await
+        .map_err(|error| LoadError::Describe {
+            module: name.to_string(),
+            version: version.clone(),
+            error: Box::new(error),
+        })?;
+
+        let info = module.info().clone();
+        self.inner
+            .modules
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), Arc::new(module));
+        self.inner.metrics.record_reload(name);
+        tracing::info!(
+            module = name,
+            version,
+            previous = previous.as_ref().map(|m| m.version()).unwrap_or("none"),
+            plugin = info.name,
+            plugin_version = info.version,
+            "module version in service"
+        );
+        Ok(match previous {
+            Some(previous) => LoadOutcome::Replaced {
+                previous: previous.sha256().to_string(),
+                sha256,
+            },
+            None => LoadOutcome::Loaded { sha256 },
+        })
+    }
+
+    /// Compiles off the async threads, one compile at a time, through the cache.
+    async fn compile(
+        &self,
+        name: &str,
+        version: &str,
+        sha256: &str,
+        bytes: Vec<u8>,
+    ) -> Result<Component, LoadError> {
+        let compile_error = |cause: String| LoadError::Compile {
+            module: name.to_string(),
+            version: version.to_string(),
+            cause,
+        };
+        let _permit = self
+            .inner
+            .compiles
+            .acquire()
+            .await
+            .map_err(|e| compile_error(e.to_string()))?;
+        let engine = self.inner.engine.clone();
+        let cache = self.inner.cache.clone();
+        let digest = sha256.to_string();
+        let (component, outcome) = tokio::task::spawn_blocking(move || match cache {
+            Some(cache) => cache.load_or_compile(&engine, &bytes, &digest),
+            None => Component::new(&engine, &bytes).map(|c| (c, CompileOutcome::Compiled)),
+        })
+        .await
+        .map_err(|e| compile_error(format!("the compile task failed: {e}")))?
+        .map_err(|e| compile_error(format!("{e:#}")))?;
+        self.inner
+            .metrics
+            .record_compile(outcome == CompileOutcome::CacheHit);
+        Ok(component)
+    }
+
+    fn read_modules(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<LoadedModule>>> {
+        self.inner.modules.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn read_module(name: &str, path: &Path) -> Result<Vec<u8>, LoadError> {
+    let read_error = |cause: std::io::Error| LoadError::Read {
+        module: name.to_string(),
+        path: path.display().to_string(),
+        cause: cause.to_string(),
+    };
+    let size = std::fs::metadata(path).map_err(read_error)?.len();
+    if size > MAX_MODULE_BYTES {
+        return Err(LoadError::TooLarge {
+            module: name.to_string(),
+            path: path.display().to_string(),
+            size,
+            max: MAX_MODULE_BYTES,
+        });
+    }
+    std::fs::read(path).map_err(read_error)
+}

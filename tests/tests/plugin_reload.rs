@@ -1,0 +1,284 @@
+//! Hot reload from a ConfigMap-style modules directory: timestamped `..YYYY_...`
+//! directories, the `..data` symlink swapped atomically by rename, and the visible
+//! `NAME.wasm -> ..data/NAME.wasm` symlinks, exactly as kubelet's atomic writer lays
+//! them out.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use wasm_provisioner::plugin::types::{
+    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
+};
+use wasm_provisioner::plugin::{CallError, DirectoryWatcher, Grants, Runtime, RuntimeConfig};
+use wasm_provisioner_tests::guests;
+
+/// How long a change may take to be served: the debounce plus a compile, with room
+/// for a loaded machine.
+const RELOAD_WAIT: Duration = Duration::from_secs(60);
+
+/// A directory laid out like a mounted ConfigMap.
+struct ConfigMapDir {
+    _root: tempfile::TempDir,
+    path: PathBuf,
+    generation: u32,
+}
+
+impl ConfigMapDir {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("modules");
+        std::fs::create_dir(&path).unwrap();
+        ConfigMapDir {
+            _root: root,
+            path,
+            generation: 0,
+        }
+    }
+
+    /// Publishes a new ConfigMap content: `(module name, wasm bytes)`.
+    fn publish(&mut self, files: &[(&str, Vec<u8>)]) {
+        self.generation += 1;
+        let stamp = format!(
+            "..2026_01_0{}_12_00_00.{}",
+            self.generation % 10,
+            1000 + self.generation
+        );
+        let new_dir = self.path.join(&stamp);
+        std::fs::create_dir(&new_dir).unwrap();
+        for (name, bytes) in files {
+            std::fs::write(new_dir.join(format!("{name}.wasm")), bytes).unwrap();
+        }
+        let data = self.path.join("..data");
+        let old_target = std::fs::read_link(&data).ok();
+        // The atomic swap: a new symlink renamed over `..data`.
+        let temporary = self.path.join("..data_tmp");
+        std::os::unix::fs::symlink(&stamp, &temporary).unwrap();
+        std::fs::rename(&temporary, &data).unwrap();
+        // Visible symlinks: add the new keys, remove the keys gone.
+        for (name, _) in files {
+            let link = self.path.join(format!("{name}.wasm"));
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink(format!("..data/{name}.wasm"), &link).unwrap();
+            }
+        }
+        for entry in std::fs::read_dir(&self.path).unwrap() {
+            let path = entry.unwrap().path();
+            let file_name = path.file_name().unwrap().to_str().unwrap().to_string();
+            if let Some(name) = file_name.strip_suffix(".wasm")
+                && !files.iter().any(|(n, _)| *n == name)
+            {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+        if let Some(old) = old_target {
+            std::fs::remove_dir_all(self.path.join(old)).unwrap();
+        }
+    }
+}
+
+fn wasm(guest: &str) -> Vec<u8> {
+    std::fs::read(guests::module(guest)).unwrap()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+fn runtime(grants: &str) -> Runtime {
+    Runtime::new(RuntimeConfig {
+        grants: Grants::from_yaml(grants, "test grants").unwrap(),
+        cache_dir: None,
+    })
+    .unwrap()
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + RELOAD_WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn request(version: &str) -> ProvisionRequest {
+    ProvisionRequest {
+        volume_name: "pvc-0b6e3d4e-2222-4c3a-9d7e-000000000002".into(),
+        claim: Claim {
+            name: "data".into(),
+            namespace: "default".into(),
+            uid: "0b6e3d4e-2222-4c3a-9d7e-000000000002".into(),
+            labels: vec![],
+            annotations: vec![],
+            access_modes: vec![AccessMode::ReadWriteOnce],
+            requested_bytes: 1024,
+            limit_bytes: None,
+            volume_mode: VolumeMode::Filesystem,
+            data_source: None,
+            selector: None,
+        },
+        class: Class {
+            name: "test".into(),
+            parameters: vec![("version".into(), version.into())],
+            reclaim_policy: ReclaimPolicy::Delete,
+            mount_options: vec![],
+            allowed_topologies: vec![],
+            binding_mode: BindingMode::Immediate,
+        },
+        selected_node: None,
+    }
+}
+
+async fn assert_serves(runtime: &Runtime, name: &str) {
+    let module = runtime.module(name).expect("module in service");
+    let answer = module
+        .provision(&request("v"))
+        .await
+        .expect("call succeeds");
+    assert!(answer.is_ok(), "{answer:?}");
+}
+
+#[tokio::test]
+async fn initial_scan_loads_every_module() {
+    let mut dir = ConfigMapDir::new();
+    dir.publish(&[("echo", wasm("test-echo")), ("hostpath", wasm("hostpath"))]);
+    let runtime = runtime("");
+    let (_watcher, report) = DirectoryWatcher::start(runtime.clone(), dir.path.clone())
+        .await
+        .unwrap();
+    assert_eq!(report.loaded, ["echo", "hostpath"]);
+    assert!(report.refused.is_empty());
+    assert_serves(&runtime, "echo").await;
+}
+
+#[tokio::test]
+async fn new_version_is_served_after_the_swap() {
+    let mut dir = ConfigMapDir::new();
+    let first = wasm("test-echo");
+    dir.publish(&[("plugin", first.clone())]);
+    let runtime = runtime("");
+    let (_watcher, _) = DirectoryWatcher::start(runtime.clone(), dir.path.clone())
+        .await
+        .unwrap();
+    assert_eq!(runtime.module("plugin").unwrap().sha256(), sha256(&first));
+
+    let second = wasm("hostpath");
+    dir.publish(&[("plugin", second.clone())]);
+    let expected = sha256(&second);
+    wait_for("the new version", || {
+        runtime
+            .module("plugin")
+            .is_some_and(|m| m.sha256() == expected)
+    })
+    .await;
+    assert_eq!(runtime.metrics().module("plugin").reloads_total, 2);
+}
+
+#[tokio::test]
+async fn broken_version_is_refused_and_the_old_one_keeps_serving() {
+    let mut dir = ConfigMapDir::new();
+    let good = wasm("test-echo");
+    dir.publish(&[("plugin", good.clone())]);
+    let runtime = runtime("");
+    let (_watcher, _) = DirectoryWatcher::start(runtime.clone(), dir.path.clone())
+        .await
+        .unwrap();
+
+    dir.publish(&[("plugin", b"\0asm\x0d\0\x01\0 truncated".to_vec())]);
+    wait_for("the refusal", || {
+        runtime.metrics().module("plugin").refusals_total >= 1
+    })
+    .await;
+    assert_eq!(runtime.module("plugin").unwrap().sha256(), sha256(&good));
+    assert_serves(&runtime, "plugin").await;
+
+    // A version whose describe traps is refused the same way.
+    dir.publish(&[("plugin", wasm("test-describe-trap"))]);
+    wait_for("the second refusal", || {
+        runtime.metrics().module("plugin").refusals_total >= 2
+    })
+    .await;
+    assert_eq!(runtime.module("plugin").unwrap().sha256(), sha256(&good));
+    assert_serves(&runtime, "plugin").await;
+
+    // And a good version after the broken ones is taken.
+    let fixed = wasm("hostpath");
+    dir.publish(&[("plugin", fixed.clone())]);
+    let expected = sha256(&fixed);
+    wait_for("the fixed version", || {
+        runtime
+            .module("plugin")
+            .is_some_and(|m| m.sha256() == expected)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn removed_module_stops_being_offered() {
+    let mut dir = ConfigMapDir::new();
+    dir.publish(&[("a", wasm("test-echo")), ("b", wasm("test-echo"))]);
+    let runtime = runtime("");
+    let (_watcher, _) = DirectoryWatcher::start(runtime.clone(), dir.path.clone())
+        .await
+        .unwrap();
+    assert!(runtime.module("b").is_some());
+
+    dir.publish(&[("a", wasm("test-echo"))]);
+    wait_for("the removal", || runtime.module("b").is_none()).await;
+    assert!(runtime.module("a").is_some());
+    assert_eq!(runtime.metrics().module("b").removals_total, 1);
+    assert_serves(&runtime, "a").await;
+}
+
+#[tokio::test]
+async fn in_flight_call_finishes_on_its_version_after_removal() {
+    let mut dir = ConfigMapDir::new();
+    dir.publish(&[("spin", wasm("test-spin")), ("echo", wasm("test-echo"))]);
+    let runtime = runtime("modules: { spin: { limits: { timeoutSeconds: 3 } } }");
+    let (_watcher, _) = DirectoryWatcher::start(runtime.clone(), dir.path.clone())
+        .await
+        .unwrap();
+    let spin = runtime.module("spin").unwrap();
+    let version = spin.version().to_string();
+    let call = tokio::spawn({
+        let spin = spin.clone();
+        async move { spin.provision(&request("v")).await }
+    });
+    wait_for("the call to start", || spin.calls_in_flight() == 1).await;
+    drop(spin);
+
+    dir.publish(&[("echo", wasm("test-echo"))]);
+    wait_for("the removal", || runtime.module("spin").is_none()).await;
+    // The call is still running, on the removed version, and ends by its own deadline.
+    let error = call.await.unwrap().unwrap_err();
+    assert!(matches!(error, CallError::Timeout { .. }), "{error}");
+    assert_eq!(error.target().version, version);
+    assert_serves(&runtime, "echo").await;
+}
+
+#[tokio::test]
+async fn plain_directory_with_copies_reloads_too() {
+    // Not a ConfigMap: an emptyDir filled by an init container, files replaced by rename.
+    let root = tempfile::tempdir().unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let temporary: PathBuf = root.path().join(format!(".{name}.tmp"));
+        std::fs::write(&temporary, bytes).unwrap();
+        std::fs::rename(&temporary, root.path().join(format!("{name}.wasm"))).unwrap();
+    };
+    write("plugin", &wasm("test-echo"));
+    let runtime = runtime("");
+    let (_watcher, _) = DirectoryWatcher::start(runtime.clone(), root.path().to_path_buf())
+        .await
+        .unwrap();
+    let next = wasm("hostpath");
+    write("plugin", &next);
+    let expected = sha256(&next);
+    wait_for("the new version", || {
+        runtime
+            .module("plugin")
+            .is_some_and(|m| m.sha256() == expected)
+    })
+    .await;
+    std::fs::remove_file(root.path().join("plugin.wasm")).unwrap();
+    wait_for("the removal", || runtime.module("plugin").is_none()).await;
+}

@@ -1,0 +1,492 @@
+//! The plugin runtime against real guests: every failure mode fails one call with a
+//! clear error and the host keeps serving; limits, grants, the precompiled cache and
+//! `moduleSHA256` pinning.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasm_provisioner::plugin::types::{
+    AccessMode, BindingMode, Claim, Class, DeleteRequest, ProvisionError, ProvisionRequest,
+    PublishedVolume, ReclaimPolicy, VolumeMode, VolumeSource,
+};
+use wasm_provisioner::plugin::{
+    CallError, Grants, LoadError, LoadOutcome, LoadedModule, ResolveError, Runtime, RuntimeConfig,
+};
+use wasm_provisioner_tests::guests;
+
+fn runtime(grants_yaml: &str) -> Runtime {
+    let grants = Grants::from_yaml(grants_yaml, "test grants").expect("valid grants");
+    Runtime::new(RuntimeConfig {
+        grants,
+        cache_dir: None,
+    })
+    .expect("runtime")
+}
+
+/// Loads built guest `guest` as module `name`.
+async fn load(runtime: &Runtime, name: &str, guest: &str) -> Arc<LoadedModule> {
+    runtime
+        .load_file(name, &guests::module(guest))
+        .await
+        .unwrap_or_else(|error| panic!("loading {guest} as {name}: {error}"));
+    runtime.module(name).expect("module in service")
+}
+
+fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {
+    ProvisionRequest {
+        volume_name: "pvc-0b6e3d4e-1111-4c3a-9d7e-000000000001".into(),
+        claim: Claim {
+            name: "data".into(),
+            namespace: "default".into(),
+            uid: "0b6e3d4e-1111-4c3a-9d7e-000000000001".into(),
+            labels: vec![],
+            annotations: vec![],
+            access_modes: vec![AccessMode::ReadWriteOnce],
+            requested_bytes: 1024 * 1024,
+            limit_bytes: None,
+            volume_mode: VolumeMode::Filesystem,
+            data_source: None,
+            selector: None,
+        },
+        class: Class {
+            name: "test".into(),
+            parameters: parameters
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            reclaim_policy: ReclaimPolicy::Delete,
+            mount_options: vec![],
+            allowed_topologies: vec![],
+            binding_mode: BindingMode::Immediate,
+        },
+        selected_node: None,
+    }
+}
+
+fn delete_request(
+    volume_name: &str,
+    source: VolumeSource,
+    parameters: &[(&str, &str)],
+) -> DeleteRequest {
+    DeleteRequest {
+        volume: PublishedVolume {
+            name: volume_name.into(),
+            source,
+            capacity_bytes: 1024 * 1024,
+            labels: vec![],
+            annotations: vec![],
+            node_affinity: vec![],
+            claim_namespace: Some("default".into()),
+            claim_name: Some("data".into()),
+        },
+        class_name: "test".into(),
+        class_parameters: parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// A healthy call on a healthy module: proof the host keeps serving.
+async fn assert_healthy(runtime: &Runtime) {
+    let echo = match runtime.module("echo") {
+        Some(echo) => echo,
+        None => load(runtime, "echo", "test-echo").await,
+    };
+    let volume = echo
+        .provision(&request(&[("version", "healthy")]))
+        .await
+        .expect("healthy call")
+        .expect("echo provisions");
+    assert!(
+        volume
+            .annotations
+            .iter()
+            .any(|(k, v)| k == "echo/version" && v == "healthy"),
+        "{volume:?}"
+    );
+}
+
+fn assert_names_target(error: &CallError, module: &LoadedModule, call: &str) {
+    let message = error.to_string();
+    assert!(message.contains(module.name()), "{message}");
+    assert!(message.contains(module.version()), "{message}");
+    assert!(message.contains(&format!("`{call}`")), "{message}");
+}
+
+#[tokio::test]
+async fn healthy_guest_describes_itself_and_echoes() {
+    let runtime = runtime("");
+    let echo = load(&runtime, "echo", "test-echo").await;
+    assert!(!echo.info().name.is_empty());
+    assert_eq!(echo.sha256().len(), 64);
+    assert!(echo.sha256().starts_with(echo.version()));
+    assert!(echo.should_provision(&request(&[])).await.unwrap());
+    assert_healthy(&runtime).await;
+    let counters = runtime.metrics().module("echo");
+    assert_eq!(counters.reloads_total, 1);
+    assert_eq!(counters.refusals_total, 0);
+}
+
+#[tokio::test]
+async fn guest_error_variants_are_answers_not_failures() {
+    let runtime = runtime("");
+    let echo = load(&runtime, "echo", "test-echo").await;
+    let answer = echo
+        .provision(&request(&[("outcome", "infeasible")]))
+        .await
+        .expect("the call itself succeeds");
+    assert!(
+        matches!(answer, Err(ProvisionError::Infeasible(_))),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test]
+async fn trap_fails_one_call_and_the_host_keeps_serving() {
+    let runtime = runtime("");
+    let trap = load(&runtime, "trap", "test-trap").await;
+    let error = trap.provision(&request(&[])).await.unwrap_err();
+    assert!(matches!(error, CallError::Trap { .. }), "{error}");
+    assert_eq!(error.metric_label(), "trap");
+    assert_names_target(&error, &trap, "provision");
+    // The same module keeps serving its other calls, in fresh instances.
+    assert!(trap.should_provision(&request(&[])).await.unwrap());
+    assert_healthy(&runtime).await;
+    assert_eq!(
+        runtime.metrics().module("trap").call_failures_total["trap"],
+        1
+    );
+}
+
+#[tokio::test]
+async fn infinite_loop_times_out() {
+    let runtime = runtime("modules: { spin: { limits: { timeoutSeconds: 1 } } }");
+    let spin = load(&runtime, "spin", "test-spin").await;
+    let started = Instant::now();
+    let error = spin.provision(&request(&[])).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(error, CallError::Timeout { .. }), "{error}");
+    assert_names_target(&error, &spin, "provision");
+    assert!(error.to_string().contains("timeoutSeconds"), "{error}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert_healthy(&runtime).await;
+}
+
+#[tokio::test]
+async fn memory_bomb_is_stopped_at_the_budget() {
+    let runtime = runtime("modules: { bomb: { limits: { memoryBytes: 33554432 } } }");
+    let bomb = load(&runtime, "bomb", "test-memory-bomb").await;
+    let error = bomb.provision(&request(&[])).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CallError::MemoryExhausted {
+                limit_bytes: 33554432,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(error.metric_label(), "memory_exhausted");
+    assert_names_target(&error, &bomb, "provision");
+    assert_healthy(&runtime).await;
+}
+
+#[tokio::test]
+async fn oversized_answer_is_refused() {
+    let runtime = runtime("");
+    let oversized = load(&runtime, "oversized", "test-oversized").await;
+    let error = oversized.provision(&request(&[])).await.unwrap_err();
+    assert!(
+        matches!(error, CallError::MalformedAnswer { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("bytes"), "{error}");
+    assert_names_target(&error, &oversized, "provision");
+    assert_healthy(&runtime).await;
+}
+
+#[tokio::test]
+async fn concurrency_limit_refuses_the_extra_call() {
+    let runtime =
+        runtime("modules: { spin: { limits: { timeoutSeconds: 2, maxConcurrentCalls: 1 } } }");
+    let spin = load(&runtime, "spin", "test-spin").await;
+    let running = tokio::spawn({
+        let spin = spin.clone();
+        async move { spin.provision(&request(&[])).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while spin.calls_in_flight() == 0 {
+        assert!(Instant::now() < deadline, "the first call never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let error = spin.should_provision(&request(&[])).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CallError::Busy {
+                max_concurrent_calls: 1,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.is_transient());
+    let first = running.await.unwrap().unwrap_err();
+    assert!(matches!(first, CallError::Timeout { .. }), "{first}");
+    // The permit is back: the module takes calls again.
+    assert!(spin.should_provision(&request(&[])).await.unwrap());
+}
+
+#[tokio::test]
+async fn describe_trap_is_refused_at_load() {
+    let runtime = runtime("");
+    let error = runtime
+        .load_file("broken", &guests::module("test-describe-trap"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LoadError::Describe { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("module broken") && message.contains("describe"),
+        "{message}"
+    );
+    assert!(runtime.module("broken").is_none());
+    assert_eq!(runtime.metrics().module("broken").refusals_total, 1);
+    assert_healthy(&runtime).await;
+}
+
+#[tokio::test]
+async fn garbage_is_refused_at_load() {
+    let runtime = runtime("");
+    let error = runtime
+        .load_bytes("garbage", b"\0asm not really".to_vec())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LoadError::Compile { .. }), "{error}");
+    assert!(error.to_string().contains("module garbage"), "{error}");
+}
+
+#[tokio::test]
+async fn same_bytes_load_once() {
+    let runtime = runtime("");
+    load(&runtime, "echo", "test-echo").await;
+    let again = runtime
+        .load_file("echo", &guests::module("test-echo"))
+        .await
+        .unwrap();
+    assert_eq!(again, LoadOutcome::Unchanged);
+    assert_eq!(runtime.metrics().module("echo").reloads_total, 1);
+}
+
+#[tokio::test]
+async fn precompiled_cache_skips_the_second_compile() {
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        grants: Grants::none(),
+        cache_dir: Some(cache.path().join("cwasm")),
+    };
+    let first = Runtime::new(config.clone()).unwrap();
+    load(&first, "echo", "test-echo").await;
+    assert_eq!(
+        (
+            first.metrics().compiles_total(),
+            first.metrics().cache_hits_total()
+        ),
+        (1, 0)
+    );
+
+    // A fresh runtime (a restart) with the same cache does not compile.
+    let second = Runtime::new(config).unwrap();
+    let echo = load(&second, "echo", "test-echo").await;
+    assert_eq!(
+        (
+            second.metrics().compiles_total(),
+            second.metrics().cache_hits_total()
+        ),
+        (0, 1)
+    );
+    assert!(echo.should_provision(&request(&[])).await.unwrap());
+    assert_healthy(&second).await;
+
+    // A corrupt entry is detected (wasmtime checks the header) and compiled again.
+    // Entries are mapped while in use, so the corruption replaces the file (a new
+    // inode) after the runtimes using it are gone, never rewrites it in place.
+    drop((first, second, echo));
+    for entry in std::fs::read_dir(cache.path().join("cwasm")).unwrap() {
+        let path = entry.unwrap().path();
+        let corrupt = path.with_extension("corrupt");
+        std::fs::write(&corrupt, b"garbage").unwrap();
+        std::fs::rename(&corrupt, &path).unwrap();
+    }
+    let third = Runtime::new(RuntimeConfig {
+        grants: Grants::none(),
+        cache_dir: Some(cache.path().join("cwasm")),
+    })
+    .unwrap();
+    load(&third, "echo", "test-echo").await;
+    assert_eq!(third.metrics().compiles_total(), 1);
+}
+
+#[tokio::test]
+async fn module_sha256_pin_is_checked() {
+    let runtime = runtime("");
+    let echo = load(&runtime, "echo", "test-echo").await;
+    let sha = echo.sha256().to_string();
+    assert!(runtime.resolve("echo", None).is_ok());
+    assert!(runtime.resolve("echo", Some(&sha)).is_ok());
+    assert!(
+        runtime
+            .resolve("echo", Some(&format!("sha256:{}", sha.to_uppercase())))
+            .is_ok()
+    );
+
+    let wrong = "0".repeat(64);
+    let error = runtime.resolve("echo", Some(&wrong)).unwrap_err();
+    assert!(matches!(error, ResolveError::PinMismatch { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains(&wrong) && message.contains(&sha),
+        "{message}"
+    );
+    assert!(message.contains("moduleSHA256"), "{message}");
+
+    let error = runtime.resolve("echo", Some("abc")).unwrap_err();
+    assert!(matches!(error, ResolveError::InvalidPin { .. }), "{error}");
+    let error = runtime.resolve("missing", None).unwrap_err();
+    assert!(error.to_string().contains("loaded: echo"), "{error}");
+}
+
+#[tokio::test]
+async fn escape_out_of_a_granted_directory_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let granted = root.path().join("granted");
+    std::fs::create_dir(&granted).unwrap();
+    std::fs::write(root.path().join("secret"), b"outside").unwrap();
+    let runtime = runtime(&format!(
+        "allow: {{ directories: [{root}] }}\n\
+         modules: {{ escape: {{ directories: [{{ host: {granted}, guest: /volumes, mode: read-write }}] }} }}",
+        root = root.path().display(),
+        granted = granted.display(),
+    ));
+    let escape = load(&runtime, "escape", "test-escape").await;
+    let answer = escape
+        .provision(&request(&[]))
+        .await
+        .expect("the call succeeds");
+    // The guest reports every attempt; all must have been refused.
+    match answer {
+        Err(ProvisionError::Failed(message)) => {
+            assert!(message.contains("escape attempts refused"), "{message}")
+        }
+        other => panic!("the escape guest got out: {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(root.path().join("secret")).unwrap(),
+        b"outside"
+    );
+    assert_no_new_files_outside(root.path(), &granted);
+    assert_healthy(&runtime).await;
+}
+
+fn assert_no_new_files_outside(root: &Path, granted: &Path) {
+    for entry in std::fs::read_dir(root).unwrap() {
+        let path = entry.unwrap().path();
+        assert!(
+            path == granted || path.ends_with("secret"),
+            "the guest created {}",
+            path.display()
+        );
+    }
+}
+
+/// A one-request HTTP server on 127.0.0.1: returns its address and a handle yielding
+/// whether a request arrived.
+async fn http_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<bool>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let handle = tokio::spawn(async move {
+        match tokio::time::timeout(Duration::from_secs(10), listener.accept()).await {
+            Ok(Ok((mut socket, _))) => {
+                let mut buffer = vec![0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                let body = "ok";
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+                true
+            }
+            _ => false,
+        }
+    });
+    (address, handle)
+}
+
+#[tokio::test]
+async fn network_without_a_grant_is_refused() {
+    let (address, server) = http_server().await;
+    let runtime = runtime("");
+    let network = load(&runtime, "network", "test-network").await;
+    let url = format!("http://{address}/");
+    let answer = network.provision(&request(&[("url", &url)])).await;
+    assert!(
+        !matches!(answer, Ok(Ok(_))),
+        "the request went through without a grant: {answer:?}"
+    );
+    server.abort();
+    assert!(!server.await.unwrap_or(false), "the server saw a request");
+    assert_healthy(&runtime).await;
+}
+
+#[tokio::test]
+async fn network_with_a_grant_reaches_the_granted_host_only() {
+    let (address, server) = http_server().await;
+    let runtime = runtime(&format!(
+        "allow: {{ httpHosts: [\"{address}\"] }}\n\
+         modules: {{ network: {{ http: [{{ host: \"{address}\", scheme: http }}] }} }}"
+    ));
+    let network = load(&runtime, "network", "test-network").await;
+    let answer = network
+        .provision(&request(&[("url", &format!("http://{address}/"))]))
+        .await;
+    assert!(
+        matches!(answer, Ok(Ok(_))),
+        "the granted request failed: {answer:?}"
+    );
+    assert!(server.await.unwrap(), "the server saw no request");
+
+    // Another port on the same host is not granted.
+    let (other, other_server) = http_server().await;
+    let answer = network
+        .provision(&request(&[("url", &format!("http://{other}/"))]))
+        .await;
+    assert!(
+        !matches!(answer, Ok(Ok(_))),
+        "an ungranted port was reached: {answer:?}"
+    );
+    other_server.abort();
+    assert!(!other_server.await.unwrap_or(false));
+}
+
+#[tokio::test]
+async fn delete_round_trip_on_echo() {
+    let runtime = runtime("");
+    let echo = load(&runtime, "echo", "test-echo").await;
+    let request = delete_request(
+        "pvc-1",
+        VolumeSource::Json("{\"hostPath\":{\"path\":\"/x\"}}".into()),
+        &[],
+    );
+    assert!(echo.should_delete(&request).await.unwrap());
+    let answer = echo.delete(&request).await.unwrap();
+    assert!(answer.is_ok(), "{answer:?}");
+}
