@@ -1,0 +1,249 @@
+//! The command line: `wasm-provisioner run` (the controller) and `wasm-provisioner guest
+//! provision|delete` (the offline runner of one plugin call). Every flag has an
+//! environment variable (`WASM_PROVISIONER_...`) and a named default.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::names;
+
+/// Default modules directory (where the modules ConfigMap or volume is mounted).
+pub const DEFAULT_MODULES_DIR: &str = "/etc/wasm-provisioner/modules";
+/// Default log filter (tracing `EnvFilter` syntax).
+pub const DEFAULT_LOG_FILTER: &str = "info";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "wasm-provisioner",
+    version,
+    about = "Kubernetes volume provisioner with WebAssembly plugins"
+)]
+pub struct Cli {
+    /// Log filter, such as `info` or `wasm_provisioner=debug,guest=trace`.
+    #[arg(long, global = true, env = "WASM_PROVISIONER_LOG", default_value = DEFAULT_LOG_FILTER)]
+    pub log: String,
+
+    /// Log format: plain or json.
+    #[arg(long, global = true, env = "WASM_PROVISIONER_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
+    pub log_format: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the provisioner controller against the cluster.
+    Run(RunArgs),
+    /// Run one plugin call offline, without a cluster: see what a module would do.
+    Guest(GuestArgs),
+}
+
+/// Where plugins come from and what they may touch: shared by `run` and `guest`.
+#[derive(Debug, Clone, Args)]
+pub struct PluginArgs {
+    /// Directory of plugin modules: module NAME is the file NAME.wasm.
+    #[arg(long, env = "WASM_PROVISIONER_MODULES", default_value = DEFAULT_MODULES_DIR)]
+    pub modules: PathBuf,
+
+    /// Grants file (YAML): directories, outbound HTTP and limits per module. Without
+    /// it, modules get no capabilities and the default limits.
+    #[arg(long, env = "WASM_PROVISIONER_GRANTS")]
+    pub grants: Option<PathBuf>,
+
+    /// Directory for precompiled modules, writable by this process only. Without it,
+    /// modules are compiled at every start.
+    #[arg(long, env = "WASM_PROVISIONER_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Arguments of `run` (the controller).
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    #[command(flatten)]
+    pub controller: crate::run::ControllerArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct GuestArgs {
+    #[command(subcommand)]
+    pub command: GuestCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GuestCommand {
+    /// Provision a claim with a module and print the PersistentVolume (YAML) the
+    /// controller would create. The backend work really happens (inside the grants).
+    Provision(GuestProvisionArgs),
+    /// Delete the backend volume of a PersistentVolume with a module.
+    Delete(GuestDeleteArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestProvisionArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// StorageClass YAML file.
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: PathBuf,
+
+    /// PersistentVolumeClaim YAML file.
+    #[arg(long, env = "WASM_PROVISIONER_CLAIM")]
+    pub claim: PathBuf,
+
+    /// Node YAML file: the node selected for a WaitForFirstConsumer claim.
+    #[arg(long, env = "WASM_PROVISIONER_NODE")]
+    pub node: Option<PathBuf>,
+
+    /// Provisioner name recorded on the PV (`pv.kubernetes.io/provisioned-by`).
+    #[arg(long, env = "WASM_PROVISIONER_PROVISIONER_NAME", default_value = names::DEFAULT_PROVISIONER_NAME)]
+    pub provisioner_name: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestDeleteArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter, then to the
+    /// PV's `wasm-provisioner.dev/module` annotation.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// PersistentVolume YAML file.
+    #[arg(long, env = "WASM_PROVISIONER_VOLUME")]
+    pub volume: PathBuf,
+
+    /// StorageClass YAML file (its parameters go to the plugin).
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: Option<PathBuf>,
+}
+
+/// Parses the command line, runs it, and turns the outcome into an exit code. Errors
+/// go to stderr, with a non-zero exit.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log, cli.log_format == "json");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => crate::run::run(&args.plugins, &args.controller).await,
+        Command::Guest(GuestArgs {
+            command: GuestCommand::Provision(args),
+        }) => {
+            let pv = crate::guest_cli::provision(&args).await?;
+            print!("{pv}");
+            Ok(())
+        }
+        Command::Guest(GuestArgs {
+            command: GuestCommand::Delete(args),
+        }) => {
+            let summary = crate::guest_cli::delete(&args).await?;
+            println!("{summary}");
+            Ok(())
+        }
+    }
+}
+
+/// Logs to stderr (stdout carries the `guest` commands' output).
+fn init_logging(filter: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        fn walk(command: &clap::Command, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if arg.get_long().is_some() && !builtin && arg.get_env().is_none() {
+                    missing.push(format!(
+                        "{} --{}",
+                        command.get_name(),
+                        arg.get_long().unwrap()
+                    ));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), &mut missing);
+        assert!(missing.is_empty(), "flags without env: {missing:?}");
+    }
+
+    #[test]
+    fn guest_provision_parses() {
+        let cli = Cli::try_parse_from([
+            "wasm-provisioner",
+            "guest",
+            "provision",
+            "--modules",
+            "/m",
+            "--module",
+            "hostpath",
+            "--class",
+            "sc.yaml",
+            "--claim",
+            "pvc.yaml",
+        ])
+        .unwrap();
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Provision(args),
+        }) = cli.command
+        else {
+            panic!("not guest provision");
+        };
+        assert_eq!(args.module.as_deref(), Some("hostpath"));
+        assert_eq!(args.provisioner_name, names::DEFAULT_PROVISIONER_NAME);
+        assert!(args.plugins.grants.is_none());
+    }
+}

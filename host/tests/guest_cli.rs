@@ -1,0 +1,345 @@
+//! The offline runner, as a user runs it: the built `wasm-provisioner` binary, real
+//! guests, real granted directories.
+//!
+//! These tests live in the host package so `CARGO_BIN_EXE_wasm-provisioner` is the
+//! binary of this very build. Guests are built by `guests/build.sh` (a no-op when warm).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The directory of built guest components (`guests/build.sh` prints it last).
+fn dist_dir() -> &'static Path {
+    static DIST: OnceLock<PathBuf> = OnceLock::new();
+    DIST.get_or_init(|| {
+        let script = repo_root().join("guests/build.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .expect("running guests/build.sh");
+        assert!(
+            output.status.success(),
+            "guests/build.sh failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        PathBuf::from(
+            stdout
+                .trim()
+                .lines()
+                .last()
+                .expect("build.sh prints the dist directory"),
+        )
+    })
+}
+
+/// A scratch layout: modules dir with the given guests, a granted volumes dir, files.
+struct Scratch {
+    root: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new(modules: &[&str]) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("modules")).unwrap();
+        std::fs::create_dir(root.path().join("granted")).unwrap();
+        for name in modules {
+            std::fs::copy(
+                dist_dir().join(format!("{name}.wasm")),
+                root.path().join(format!("modules/{name}.wasm")),
+            )
+            .unwrap();
+        }
+        Scratch { root }
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.root.path().join(relative)
+    }
+
+    fn write(&self, relative: &str, text: &str) -> PathBuf {
+        let path = self.path(relative);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Grants `module` the `granted` directory at `guest`.
+    fn grants(&self, module: &str, guest: &str) -> PathBuf {
+        self.write(
+            "grants.yaml",
+            &format!(
+                "allow: {{ directories: [{root}] }}\n\
+                 modules:\n  {module}:\n    directories:\n      - {{ host: {granted}, guest: {guest}, mode: read-write }}\n",
+                root = self.root.path().display(),
+                granted = self.path("granted").display(),
+            ),
+        )
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+            .args(args)
+            .env_clear()
+            .env("WASM_PROVISIONER_LOG", "warn")
+            .output()
+            .expect("running wasm-provisioner")
+    }
+}
+
+const CLAIM: &str = r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: data
+  namespace: default
+  uid: 5a1d7a2e-0000-4000-8000-000000000001
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+  storageClassName: local
+"#;
+
+const VOLUME_NAME: &str = "pvc-5a1d7a2e-0000-4000-8000-000000000001";
+
+fn hostpath_class(on_delete: &str) -> String {
+    format!(
+        r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local
+provisioner: wasm-provisioner.dev
+parameters:
+  module: hostpath
+  nodePath: /var/lib/volumes
+  onDelete: {on_delete}
+reclaimPolicy: Delete
+"#
+    )
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn provision(scratch: &Scratch, module_args: &[&str], class: &Path, grants: &Path) -> Output {
+    let modules = scratch.path("modules");
+    let claim = scratch.write("pvc.yaml", CLAIM);
+    let mut args = vec![
+        "guest",
+        "provision",
+        "--modules",
+        modules.to_str().unwrap(),
+        "--class",
+        class.to_str().unwrap(),
+        "--claim",
+        claim.to_str().unwrap(),
+        "--grants",
+        grants.to_str().unwrap(),
+    ];
+    args.extend_from_slice(module_args);
+    scratch.run(&args)
+}
+
+#[test]
+fn hostpath_provision_creates_the_directory_and_delete_removes_it() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let class = scratch.write("sc.yaml", &hostpath_class("delete"));
+
+    let output = provision(&scratch, &["--module", "hostpath"], &class, &grants);
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+    let pv: PersistentVolume = serde_yaml::from_slice(&output.stdout).expect("PV YAML on stdout");
+    assert_eq!(pv.metadata.name.as_deref(), Some(VOLUME_NAME));
+    let spec = pv.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.host_path.as_ref().unwrap().path,
+        format!("/var/lib/volumes/{VOLUME_NAME}")
+    );
+    let annotations = pv.metadata.annotations.as_ref().unwrap();
+    assert_eq!(
+        annotations["pv.kubernetes.io/provisioned-by"],
+        "wasm-provisioner.dev"
+    );
+    assert_eq!(annotations["wasm-provisioner.dev/module"], "hostpath");
+    assert_eq!(annotations["wasm-provisioner.dev/module-sha256"].len(), 64);
+    // The backend work really happened, inside the grant.
+    assert!(scratch.path("granted").join(VOLUME_NAME).is_dir());
+
+    // Idempotent: provisioning again gives the same PV.
+    let again = provision(&scratch, &[], &class, &grants);
+    assert!(again.status.success(), "stderr:\n{}", text(&again.stderr));
+    assert_eq!(again.stdout, output.stdout);
+
+    let pv_file = scratch.write("pv.yaml", &text(&output.stdout));
+    let modules = scratch.path("modules");
+    let deleted = scratch.run(&[
+        "guest",
+        "delete",
+        "--modules",
+        modules.to_str().unwrap(),
+        "--volume",
+        pv_file.to_str().unwrap(),
+        "--class",
+        class.to_str().unwrap(),
+        "--grants",
+        grants.to_str().unwrap(),
+    ]);
+    assert!(
+        deleted.status.success(),
+        "stderr:\n{}",
+        text(&deleted.stderr)
+    );
+    assert!(text(&deleted.stdout).contains(VOLUME_NAME));
+    assert!(!scratch.path("granted").join(VOLUME_NAME).exists());
+}
+
+#[test]
+fn hostpath_delete_archives_when_asked() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let class = scratch.write("sc.yaml", &hostpath_class("archive"));
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+    std::fs::write(
+        scratch.path("granted").join(VOLUME_NAME).join("data.txt"),
+        b"keep me",
+    )
+    .unwrap();
+
+    let pv_file = scratch.write("pv.yaml", &text(&output.stdout));
+    let modules = scratch.path("modules");
+    // No --module and no --class: the PV's module annotation names the module.
+    let deleted = scratch.run(&[
+        "guest",
+        "delete",
+        "--modules",
+        modules.to_str().unwrap(),
+        "--volume",
+        pv_file.to_str().unwrap(),
+        "--grants",
+        grants.to_str().unwrap(),
+    ]);
+    assert!(
+        deleted.status.success(),
+        "stderr:\n{}",
+        text(&deleted.stderr)
+    );
+    assert!(!scratch.path("granted").join(VOLUME_NAME).exists());
+    let archived: Vec<_> = std::fs::read_dir(scratch.path("granted"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(archived.len(), 1, "{archived:?}");
+    assert_eq!(
+        std::fs::read(archived[0].join("data.txt")).unwrap(),
+        b"keep me"
+    );
+}
+
+#[test]
+fn nfs_subdir_provisions_into_the_granted_export() {
+    let scratch = Scratch::new(&["nfs-subdir"]);
+    let grants = scratch.grants("nfs-subdir", "/export");
+    let class = scratch.write(
+        "sc.yaml",
+        r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local
+provisioner: wasm-provisioner.dev
+parameters:
+  module: nfs-subdir
+  server: nfs.example.com
+  share: /srv/nfs
+"#,
+    );
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+    let pv: PersistentVolume = serde_yaml::from_slice(&output.stdout).unwrap();
+    let nfs = pv.spec.unwrap().nfs.expect("an nfs PV");
+    assert_eq!(nfs.server, "nfs.example.com");
+    assert!(nfs.path.starts_with("/srv/nfs/"), "{}", nfs.path);
+    let subdir = nfs.path.trim_start_matches("/srv/nfs/");
+    assert!(
+        scratch.path("granted").join(subdir).is_dir(),
+        "{subdir} was not created"
+    );
+}
+
+#[test]
+fn missing_module_is_a_clear_error() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let class = scratch.write("sc.yaml", &hostpath_class("delete"));
+    let output = provision(&scratch, &["--module", "nope"], &class, &grants);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    // --module contradicts the class's module parameter.
+    assert!(stderr.contains("--module nope contradicts"), "{stderr}");
+
+    let class = scratch.write(
+        "sc2.yaml",
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: { name: x }\nprovisioner: p\nparameters: { module: nope }\n",
+    );
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("module nope not found"), "{stderr}");
+    assert!(stderr.contains("modules there: hostpath"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
+
+#[test]
+fn bad_yaml_is_a_clear_error() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let class = scratch.write("sc.yaml", "this: [is not: a class");
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("is not a valid StorageClass"), "{stderr}");
+    assert!(stderr.contains("sc.yaml"), "{stderr}");
+}
+
+#[test]
+fn bad_grants_are_a_clear_error() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.write(
+        "grants.yaml",
+        "allow: { directories: [/srv] }\nmodules:\n  hostpath:\n    directories: [{ host: /etc, guest: /volumes, mode: read-write }]\n",
+    );
+    let class = scratch.write("sc.yaml", &hostpath_class("delete"));
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("modules.hostpath.directories[0].host /etc"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn hostpath_without_a_grant_fails_with_the_plugins_message() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.write("grants.yaml", "");
+    let class = scratch.write("sc.yaml", &hostpath_class("delete"));
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("did not provision the volume: failed"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("module hostpath"), "{stderr}");
+}
