@@ -2,4 +2,6 @@
 //! backends are sandboxed WebAssembly components.
 #![deny(unsafe_code)]
 
+pub mod names;
 pub mod plugin;
+pub mod quantity;
