@@ -5,3 +5,4 @@
 pub mod names;
 pub mod plugin;
 pub mod quantity;
+pub mod request;
