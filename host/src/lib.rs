@@ -6,3 +6,4 @@ pub mod names;
 pub mod plugin;
 pub mod quantity;
 pub mod request;
+pub mod volume;

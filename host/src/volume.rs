@@ -1,0 +1,1340 @@
+//! Turning a plugin's answer into a PersistentVolume, and a PersistentVolume back into
+//! the plugin's `delete-request`.
+//!
+//! [`persistent_volume`] publishes what a plugin made: the host, not the plugin, owns
+//! every field Kubernetes acts on (claimRef, provisioned-by, class, reclaim policy,
+//! access modes, finalizer), and it checks what the plugin says before the PV reaches
+//! the API server: the capacity covers the request, a `local` volume is pinned to nodes,
+//! the volume mode matches the claim, labels and annotations stay out of reserved
+//! domains, and a `json` source is exactly one known PersistentVolumeSource with no
+//! misspelt field. [`delete_request`] reverses the mapping: a source the typed WIT
+//! records can carry without loss comes back typed, any other one as `json`.
+//!
+//! Reserved domains. Plugins may not set annotations whose key prefix is
+//! `kubernetes.io`, `k8s.io` or `wasm-provisioner.dev`, or a subdomain of one of them
+//! (`pv.kubernetes.io/bound-by-controller`, `volume.beta.kubernetes.io/...`): those carry
+//! meaning for the control plane or for this host. Labels follow the same rule with one
+//! exception: `topology.kubernetes.io/` and `failure-domain.beta.kubernetes.io/` labels
+//! are allowed, since the scheduler reads a PV's zone and region from them. Such keys are
+//! refused with an error rather than dropped, so a plugin author learns at once.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, HostPathVolumeSource, ISCSIPersistentVolumeSource,
+    LocalVolumeSource, NFSVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec,
+    VolumeNodeAffinity,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use crate::names;
+use crate::plugin::bindings::types;
+use crate::quantity;
+use crate::request::{claim_key, plugin_parameters, string_map, volume_mode_str};
+
+/// The `PersistentVolumeSpec` keys that name a volume source, as on the wire. A `json`
+/// source must use exactly one of these.
+pub const SOURCE_KEYS: [&str; 22] = [
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "csi",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "glusterfs",
+    "hostPath",
+    "iscsi",
+    "local",
+    "nfs",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+];
+
+/// Key prefixes (domains) no plugin may use for a PV annotation or label; subdomains
+/// are included.
+pub const RESERVED_DOMAINS: [&str; 3] = ["kubernetes.io", "k8s.io", names::OWN_DOMAIN];
+
+/// Reserved domains whose labels a plugin may still set: the scheduler reads a PV's
+/// topology from them.
+pub const ALLOWED_LABEL_DOMAINS: [&str; 2] = [
+    "topology.kubernetes.io",
+    "failure-domain.beta.kubernetes.io",
+];
+
+/// Node selector operators Kubernetes accepts.
+const NODE_SELECTOR_OPERATORS: [&str; 6] = ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"];
+
+/// Why a plugin's volume cannot be published as a PV, or a PV cannot be put to a plugin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "plugin made volume {volume} with {capacity} bytes but claim {claim} requested {requested}; the plugin must provide at least the requested size"
+    )]
+    CapacityTooSmall {
+        volume: String,
+        claim: String,
+        capacity: u64,
+        requested: u64,
+    },
+    #[error(
+        "plugin made volume {volume} as {volume_mode} but claim {claim} asked for {claim_mode}; the plugin must honour the claim's volume mode"
+    )]
+    VolumeModeMismatch {
+        volume: String,
+        claim: String,
+        claim_mode: &'static str,
+        volume_mode: &'static str,
+    },
+    #[error(
+        "plugin set {what} {key:?} on volume {volume}, in a domain reserved for Kubernetes and this host; the plugin must use its own domain"
+    )]
+    ReservedKey {
+        volume: String,
+        what: &'static str,
+        key: String,
+    },
+    #[error(
+        "plugin set {what} {key:?} on volume {volume}, which is not a valid Kubernetes key ({why}); fix the plugin"
+    )]
+    InvalidKey {
+        volume: String,
+        what: &'static str,
+        key: String,
+        why: &'static str,
+    },
+    #[error(
+        "plugin set label {key:?} on volume {volume} to {value:?}, which is not a valid label value (at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit); fix the plugin"
+    )]
+    InvalidLabelValue {
+        volume: String,
+        key: String,
+        value: String,
+    },
+    #[error(
+        "plugin made volume {volume} with node affinity operator {operator:?} on key {key:?}; use In, NotIn, Exists, DoesNotExist, Gt or Lt"
+    )]
+    InvalidNodeAffinity {
+        volume: String,
+        key: String,
+        operator: String,
+    },
+    #[error(
+        "plugin made local volume {volume} without node affinity; a local volume must name the node(s) it lives on"
+    )]
+    LocalWithoutNodeAffinity { volume: String },
+    #[error(
+        "plugin made volume {volume} with a json source that is not valid JSON ({why}); it must be an object like {{\"cephfs\": {{...}}}}"
+    )]
+    JsonSyntax { volume: String, why: String },
+    #[error(
+        "plugin made volume {volume} with a json source that has {count} keys ({keys}); it must be an object with exactly one key naming the source"
+    )]
+    JsonKeyCount {
+        volume: String,
+        count: usize,
+        keys: String,
+    },
+    #[error("plugin made volume {volume} with json source {key:?}, which is not a PersistentVolume source; use one of {}", SOURCE_KEYS.join(", "))]
+    JsonUnknownSource { volume: String, key: String },
+    #[error(
+        "plugin made volume {volume} with an invalid {key:?} json source: {why}; check it against the Kubernetes PersistentVolumeSpec schema"
+    )]
+    JsonInvalid {
+        volume: String,
+        key: String,
+        why: String,
+    },
+    #[error(
+        "plugin made volume {volume} with {key:?} json source field {field:?}, which Kubernetes does not know (misspelt?); fix the plugin"
+    )]
+    JsonUnknownField {
+        volume: String,
+        key: String,
+        field: String,
+    },
+    #[error(
+        "plugin made volume {volume} with a {key:?} json source that lacks the required field {field:?}; fix the plugin"
+    )]
+    JsonMissingField {
+        volume: String,
+        key: String,
+        field: String,
+    },
+    #[error(
+        "volume {volume} has no volume source; it cannot be handed to a plugin (was it made by hand?)"
+    )]
+    NoSource { volume: String },
+    #[error(
+        "volume {volume} has several volume sources ({sources}); Kubernetes allows one, fix the PV"
+    )]
+    SeveralSources { volume: String, sources: String },
+    #[error("volume {volume} has an invalid spec.capacity.storage: {source}")]
+    Capacity {
+        volume: String,
+        source: quantity::Error,
+    },
+}
+
+/// The PV publishing `volume`, which a plugin made for `req` (built from `claim` and
+/// `class`): named `req.volume-name`, bound to the claim by claimRef, annotated with
+/// `provisioned-by: provisioner_name` and the class's module, with the class's reclaim
+/// policy (default Delete) and, for Delete, the HonorPVReclaimPolicy finalizer so the
+/// backend volume is deleted even if the PV object is deleted first.
+pub fn persistent_volume(
+    req: &types::ProvisionRequest,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    volume: types::Volume,
+    provisioner_name: &str,
+) -> Result<PersistentVolume, Error> {
+    let name = req.volume_name.clone();
+    let key = claim_key(claim);
+
+    if volume.capacity_bytes < req.claim.requested_bytes {
+        return Err(Error::CapacityTooSmall {
+            volume: name,
+            claim: key,
+            capacity: volume.capacity_bytes,
+            requested: req.claim.requested_bytes,
+        });
+    }
+
+    let claim_mode = volume_mode_str(req.claim.volume_mode);
+    let volume_mode = volume.volume_mode.map_or(claim_mode, volume_mode_str);
+    if volume_mode != claim_mode {
+        return Err(Error::VolumeModeMismatch {
+            volume: name,
+            claim: key,
+            claim_mode,
+            volume_mode,
+        });
+    }
+
+    let labels = checked_map(&name, "label", volume.labels)?;
+    let mut annotations = checked_map(&name, "annotation", volume.annotations)?;
+    annotations.insert(names::ANN_PROVISIONED_BY.into(), provisioner_name.into());
+    if let Some(module) = class
+        .parameters
+        .as_ref()
+        .and_then(|p| p.get(names::PARAM_MODULE))
+    {
+        annotations.insert(names::ANN_MODULE.into(), module.clone());
+    }
+
+    let mut spec = source_spec(&name, volume.source)?;
+    spec.node_affinity = node_affinity(&name, volume.node_affinity)?;
+    if spec.local.is_some() && spec.node_affinity.is_none() {
+        return Err(Error::LocalWithoutNodeAffinity { volume: name });
+    }
+
+    let reclaim_policy = class
+        .reclaim_policy
+        .clone()
+        .unwrap_or_else(|| names::RECLAIM_DELETE.into());
+    let finalizers = (reclaim_policy == names::RECLAIM_DELETE)
+        .then(|| vec![names::FINALIZER_PV_PROTECTION.into()]);
+
+    let mut mount_options: Vec<String> = Vec::new();
+    for option in class
+        .mount_options
+        .iter()
+        .flatten()
+        .chain(&volume.mount_options)
+    {
+        if !mount_options.contains(option) {
+            mount_options.push(option.clone());
+        }
+    }
+
+    spec.claim_ref = Some(ObjectReference {
+        kind: Some(names::KIND_CLAIM.into()),
+        api_version: Some(names::API_VERSION_CORE_V1.into()),
+        namespace: claim.metadata.namespace.clone(),
+        name: claim.metadata.name.clone(),
+        uid: claim.metadata.uid.clone(),
+        resource_version: claim.metadata.resource_version.clone(),
+        field_path: None,
+    });
+    spec.storage_class_name = class.metadata.name.clone();
+    spec.persistent_volume_reclaim_policy = Some(reclaim_policy);
+    spec.mount_options = (!mount_options.is_empty()).then_some(mount_options);
+    spec.access_modes = claim.spec.as_ref().and_then(|s| s.access_modes.clone());
+    spec.capacity = Some(BTreeMap::from([(
+        names::RESOURCE_STORAGE.to_owned(),
+        quantity::format_bytes(volume.capacity_bytes),
+    )]));
+    spec.volume_mode = Some(volume_mode.into());
+
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name),
+            labels: (!labels.is_empty()).then_some(labels),
+            annotations: Some(annotations),
+            finalizers,
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// Records on a PV which module version made its backend volume (name and sha256), so
+/// an admin can tell which code owns it. The runtime knows the digest it loaded; the
+/// class's `module` parameter is already recorded by [`persistent_volume`].
+pub fn record_module(pv: &mut PersistentVolume, module: &str, sha256: &str) {
+    let annotations = pv.metadata.annotations.get_or_insert_default();
+    annotations.insert(names::ANN_MODULE.into(), module.into());
+    annotations.insert(names::ANN_MODULE_SHA256.into(), sha256.into());
+}
+
+/// The request a plugin's `should-delete` and `delete` receive for a released PV.
+/// `class` is the PV's StorageClass when it still exists; without it the plugin gets
+/// the class name only and no parameters.
+pub fn delete_request(
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<types::DeleteRequest, Error> {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv.spec.clone().unwrap_or_default();
+    let capacity_bytes = spec
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get(names::RESOURCE_STORAGE))
+        .map(quantity::quantity_bytes)
+        .transpose()
+        .map_err(|source| Error::Capacity {
+            volume: name.clone(),
+            source,
+        })?
+        .unwrap_or(0);
+    let node_affinity = spec
+        .node_affinity
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|term| types::NodeSelectorTerm {
+            match_expressions: term
+                .match_expressions
+                .into_iter()
+                .flatten()
+                .map(|r| types::NodeSelectorRequirement {
+                    key: r.key,
+                    operator: r.operator,
+                    values: r.values.unwrap_or_default(),
+                })
+                .collect(),
+        })
+        .collect();
+    let claim_ref = spec.claim_ref.as_ref();
+    let class_name = spec
+        .storage_class_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| class.and_then(|c| c.metadata.name.clone()))
+        .unwrap_or_default();
+    Ok(types::DeleteRequest {
+        volume: types::PublishedVolume {
+            source: volume_source_of(pv)?,
+            name,
+            capacity_bytes,
+            labels: string_map(pv.metadata.labels.as_ref()),
+            annotations: string_map(pv.metadata.annotations.as_ref()),
+            node_affinity,
+            claim_namespace: claim_ref.and_then(|r| r.namespace.clone()),
+            claim_name: claim_ref.and_then(|r| r.name.clone()),
+        },
+        class_name,
+        class_parameters: class.map(plugin_parameters).unwrap_or_default(),
+    })
+}
+
+/// A PV's volume source as the WIT variant: typed when the typed record carries every
+/// field the PV sets (so nothing is lost), else `json` — an object with the one source
+/// key, exactly as the API server serves it.
+pub fn volume_source_of(pv: &PersistentVolume) -> Result<types::VolumeSource, Error> {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv.spec.clone().unwrap_or_default();
+
+    let serialized = serde_json::to_value(&spec).unwrap_or(Value::Null);
+    let present: Vec<&str> = SOURCE_KEYS
+        .into_iter()
+        .filter(|k| serialized.get(k).is_some_and(|v| !v.is_null()))
+        .collect();
+    match present.as_slice() {
+        [] => return Err(Error::NoSource { volume: name }),
+        [_] => {}
+        several => {
+            return Err(Error::SeveralSources {
+                volume: name,
+                sources: several.join(", "),
+            });
+        }
+    }
+
+    if let Some(s) = spec.host_path {
+        return Ok(types::VolumeSource::HostPath(types::HostPathSource {
+            path: s.path,
+            path_type: s.type_,
+        }));
+    }
+    if let Some(s) = spec.local {
+        return Ok(types::VolumeSource::Local(types::LocalSource {
+            path: s.path,
+            fs_type: s.fs_type,
+        }));
+    }
+    if let Some(s) = spec.nfs {
+        return Ok(types::VolumeSource::Nfs(types::NfsSource {
+            server: s.server,
+            path: s.path,
+            read_only: s.read_only.unwrap_or(false),
+        }));
+    }
+    if let Some(s) = spec.csi.filter(|s| {
+        s.controller_expand_secret_ref.is_none()
+            && s.controller_publish_secret_ref.is_none()
+            && s.node_expand_secret_ref.is_none()
+            && s.node_publish_secret_ref.is_none()
+            && s.node_stage_secret_ref.is_none()
+    }) {
+        return Ok(types::VolumeSource::Csi(types::CsiSource {
+            driver: s.driver,
+            volume_handle: s.volume_handle,
+            fs_type: s.fs_type,
+            read_only: s.read_only.unwrap_or(false),
+            volume_attributes: string_map(s.volume_attributes.as_ref()),
+        }));
+    }
+    if let Some(s) = spec.iscsi.filter(|s| {
+        s.chap_auth_discovery != Some(true)
+            && s.chap_auth_session != Some(true)
+            && s.initiator_name.is_none()
+            && s.secret_ref.is_none()
+    }) {
+        return Ok(types::VolumeSource::Iscsi(types::IscsiSource {
+            target_portal: s.target_portal,
+            iqn: s.iqn,
+            lun: s.lun,
+            iscsi_interface: s.iscsi_interface,
+            fs_type: s.fs_type,
+            read_only: s.read_only.unwrap_or(false),
+            portals: s.portals.unwrap_or_default(),
+        }));
+    }
+    let key = present[0];
+    let object = serde_json::json!({ key: serialized[key] });
+    Ok(types::VolumeSource::Json(object.to_string()))
+}
+
+/// A PersistentVolumeSpec holding only the volume source.
+fn source_spec(volume: &str, source: types::VolumeSource) -> Result<PersistentVolumeSpec, Error> {
+    let mut spec = PersistentVolumeSpec::default();
+    match source {
+        types::VolumeSource::HostPath(s) => {
+            spec.host_path = Some(HostPathVolumeSource {
+                path: s.path,
+                type_: s.path_type,
+            });
+        }
+        types::VolumeSource::Local(s) => {
+            spec.local = Some(LocalVolumeSource {
+                path: s.path,
+                fs_type: s.fs_type,
+            });
+        }
+        types::VolumeSource::Nfs(s) => {
+            spec.nfs = Some(NFSVolumeSource {
+                server: s.server,
+                path: s.path,
+                read_only: s.read_only.then_some(true),
+            });
+        }
+        types::VolumeSource::Csi(s) => {
+            spec.csi = Some(CSIPersistentVolumeSource {
+                driver: s.driver,
+                volume_handle: s.volume_handle,
+                fs_type: s.fs_type,
+                read_only: s.read_only.then_some(true),
+                volume_attributes: (!s.volume_attributes.is_empty())
+                    .then(|| s.volume_attributes.into_iter().collect()),
+                ..Default::default()
+            });
+        }
+        types::VolumeSource::Iscsi(s) => {
+            spec.iscsi = Some(ISCSIPersistentVolumeSource {
+                target_portal: s.target_portal,
+                iqn: s.iqn,
+                lun: s.lun,
+                iscsi_interface: s.iscsi_interface,
+                fs_type: s.fs_type,
+                read_only: s.read_only.then_some(true),
+                portals: (!s.portals.is_empty()).then_some(s.portals),
+                ..Default::default()
+            });
+        }
+        types::VolumeSource::Json(text) => spec = json_source(volume, &text)?,
+    }
+    Ok(spec)
+}
+
+/// Parses a `json` source: one key naming a PersistentVolumeSource, its value checked
+/// against the Kubernetes schema, including fields Kubernetes would silently drop.
+fn json_source(volume: &str, text: &str) -> Result<PersistentVolumeSpec, Error> {
+    let value: Value = serde_json::from_str(text).map_err(|e| Error::JsonSyntax {
+        volume: volume.to_owned(),
+        why: e.to_string(),
+    })?;
+    let Value::Object(object) = value else {
+        return Err(Error::JsonSyntax {
+            volume: volume.to_owned(),
+            why: "it is not an object".into(),
+        });
+    };
+    if object.len() != 1 {
+        return Err(Error::JsonKeyCount {
+            volume: volume.to_owned(),
+            count: object.len(),
+            keys: object.keys().cloned().collect::<Vec<_>>().join(", "),
+        });
+    }
+    let (key, inner) = object.into_iter().next().expect("one key");
+    if !SOURCE_KEYS.contains(&key.as_str()) {
+        return Err(Error::JsonUnknownSource {
+            volume: volume.to_owned(),
+            key,
+        });
+    }
+    let invalid = |why: String| Error::JsonInvalid {
+        volume: volume.to_owned(),
+        key: key.clone(),
+        why,
+    };
+    if !inner.is_object() {
+        return Err(invalid("its value is not an object".into()));
+    }
+    let spec: PersistentVolumeSpec =
+        serde_json::from_value(serde_json::json!({ key.as_str(): inner.clone() }))
+            .map_err(|e| invalid(e.to_string()))?;
+    // k8s-openapi, like the API server, ignores unknown fields; a plugin's typo would
+    // silently vanish. Serialize back and refuse any input field that did not survive.
+    let back = serde_json::to_value(&spec).map_err(|e| invalid(e.to_string()))?;
+    if let Some(field) = lost_field(&inner, &back[key.as_str()], "") {
+        return Err(Error::JsonUnknownField {
+            volume: volume.to_owned(),
+            key,
+            field,
+        });
+    }
+    // It also fills a missing required field with its default ("" for nfs.path); a
+    // field that appeared on the way back was required and missing.
+    if let Some(field) = lost_field(&back[key.as_str()], &inner, "") {
+        return Err(Error::JsonMissingField {
+            volume: volume.to_owned(),
+            key,
+            field,
+        });
+    }
+    Ok(spec)
+}
+
+/// The path of the first non-null field of `input` that `output` lacks.
+fn lost_field(input: &Value, output: &Value, path: &str) -> Option<String> {
+    match (input, output) {
+        (Value::Object(i), Value::Object(o)) => i.iter().find_map(|(k, v)| {
+            let here = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            match o.get(k) {
+                _ if v.is_null() => None,
+                None => Some(here),
+                Some(ov) => lost_field(v, ov, &here),
+            }
+        }),
+        (Value::Array(i), Value::Array(o)) => i
+            .iter()
+            .zip(o)
+            .enumerate()
+            .find_map(|(n, (iv, ov))| lost_field(iv, ov, &format!("{path}[{n}]"))),
+        _ => None,
+    }
+}
+
+fn node_affinity(
+    volume: &str,
+    terms: Vec<types::NodeSelectorTerm>,
+) -> Result<Option<VolumeNodeAffinity>, Error> {
+    if terms.is_empty() {
+        return Ok(None);
+    }
+    let node_selector_terms = terms
+        .into_iter()
+        .map(|term| -> Result<NodeSelectorTerm, Error> {
+            let match_expressions = term
+                .match_expressions
+                .into_iter()
+                .map(|r| {
+                    if !NODE_SELECTOR_OPERATORS.contains(&r.operator.as_str()) {
+                        return Err(Error::InvalidNodeAffinity {
+                            volume: volume.to_owned(),
+                            key: r.key,
+                            operator: r.operator,
+                        });
+                    }
+                    Ok(NodeSelectorRequirement {
+                        key: r.key,
+                        operator: r.operator,
+                        values: (!r.values.is_empty()).then_some(r.values),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(NodeSelectorTerm {
+                match_expressions: Some(match_expressions),
+                match_fields: None,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms,
+        }),
+    }))
+}
+
+/// A plugin's labels or annotations as a map, every key checked.
+fn checked_map(
+    volume: &str,
+    what: &'static str,
+    pairs: types::StringMap,
+) -> Result<BTreeMap<String, String>, Error> {
+    let mut map = BTreeMap::new();
+    for (key, value) in pairs {
+        let invalid = |why| Error::InvalidKey {
+            volume: volume.to_owned(),
+            what,
+            key: key.clone(),
+            why,
+        };
+        let (prefix, name) = match key.split_once('/') {
+            Some((prefix, name)) => (Some(prefix), name),
+            None => (None, key.as_str()),
+        };
+        if let Some(prefix) = prefix {
+            if prefix.is_empty() || prefix.len() > 253 || !is_dns_subdomain(prefix) {
+                return Err(invalid("its prefix must be a lower-case DNS subdomain"));
+            }
+            let allowed = what == "label" && ALLOWED_LABEL_DOMAINS.contains(&prefix);
+            if in_domain(prefix, &RESERVED_DOMAINS) && !allowed {
+                return Err(Error::ReservedKey {
+                    volume: volume.to_owned(),
+                    what,
+                    key: key.clone(),
+                });
+            }
+        }
+        if name.is_empty() || name.len() > 63 || !is_qualified_name_part(name) {
+            return Err(invalid(
+                "its name must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            ));
+        }
+        if what == "label"
+            && (value.len() > 63 || !(value.is_empty() || is_qualified_name_part(&value)))
+        {
+            return Err(Error::InvalidLabelValue {
+                volume: volume.to_owned(),
+                key: key.clone(),
+                value,
+            });
+        }
+        map.insert(key, value);
+    }
+    Ok(map)
+}
+
+/// Whether `prefix` is one of `domains` or a subdomain of one.
+fn in_domain(prefix: &str, domains: &[&str]) -> bool {
+    domains.iter().any(|d| {
+        prefix == *d
+            || prefix
+                .strip_suffix(d)
+                .is_some_and(|head| head.ends_with('.'))
+    })
+}
+
+fn is_dns_subdomain(text: &str) -> bool {
+    text.split('.').all(|label| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    })
+}
+
+fn is_qualified_name_part(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_alphanumeric();
+    bytes.first().is_some_and(alnum)
+        && bytes.last().is_some_and(alnum)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::provision_request;
+    use crate::request::tests::{claim, class, map};
+    use k8s_openapi::api::core::v1::SecretReference;
+
+    const OURS: &str = names::DEFAULT_PROVISIONER_NAME;
+
+    fn nfs() -> types::VolumeSource {
+        types::VolumeSource::Nfs(types::NfsSource {
+            server: "nfs.example".into(),
+            path: "/exports/pvc-1234".into(),
+            read_only: false,
+        })
+    }
+
+    fn made(source: types::VolumeSource) -> types::Volume {
+        types::Volume {
+            capacity_bytes: 10 << 30,
+            source,
+            node_affinity: vec![],
+            labels: vec![],
+            annotations: vec![],
+            mount_options: vec![],
+            volume_mode: None,
+        }
+    }
+
+    fn on_node(name: &str) -> Vec<types::NodeSelectorTerm> {
+        vec![types::NodeSelectorTerm {
+            match_expressions: vec![types::NodeSelectorRequirement {
+                key: "kubernetes.io/hostname".into(),
+                operator: "In".into(),
+                values: vec![name.into()],
+            }],
+        }]
+    }
+
+    fn publish(volume: types::Volume) -> Result<PersistentVolume, Error> {
+        let (c, k) = (claim(), class());
+        let req = provision_request(&c, &k, None).unwrap();
+        persistent_volume(&req, &c, &k, volume, OURS)
+    }
+
+    fn spec(pv: &PersistentVolume) -> &PersistentVolumeSpec {
+        pv.spec.as_ref().unwrap()
+    }
+
+    /// volume -> PV -> delete request: the source the plugin gets back.
+    fn round_trip(volume: types::Volume) -> types::VolumeSource {
+        let pv = publish(volume).unwrap();
+        delete_request(&pv, Some(&class())).unwrap().volume.source
+    }
+
+    fn same(a: &types::VolumeSource, b: &types::VolumeSource) -> bool {
+        format!("{a:?}") == format!("{b:?}")
+    }
+
+    #[test]
+    fn pv_is_named_bound_and_annotated() {
+        let pv = publish(made(nfs())).unwrap();
+        assert_eq!(pv.metadata.name.as_deref(), Some("pvc-1234"));
+        let ann = pv.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            ann.get(names::ANN_PROVISIONED_BY).map(String::as_str),
+            Some(OURS)
+        );
+        assert_eq!(
+            ann.get(names::ANN_MODULE).map(String::as_str),
+            Some("hostpath")
+        );
+        let r = spec(&pv).claim_ref.as_ref().unwrap();
+        assert_eq!(r.kind.as_deref(), Some("PersistentVolumeClaim"));
+        assert_eq!(r.api_version.as_deref(), Some("v1"));
+        assert_eq!(r.namespace.as_deref(), Some("ns"));
+        assert_eq!(r.name.as_deref(), Some("data"));
+        assert_eq!(r.uid.as_deref(), Some("1234"));
+        assert_eq!(r.resource_version.as_deref(), Some("42"));
+        assert_eq!(spec(&pv).storage_class_name.as_deref(), Some("fast"));
+        assert_eq!(
+            spec(&pv).access_modes,
+            Some(vec!["ReadWriteOnce".to_string()])
+        );
+        assert_eq!(spec(&pv).volume_mode.as_deref(), Some("Filesystem"));
+        assert_eq!(spec(&pv).capacity.as_ref().unwrap()["storage"].0, "10Gi");
+        assert!(pv.metadata.labels.is_none());
+        assert!(spec(&pv).node_affinity.is_none());
+        assert!(spec(&pv).mount_options.is_none());
+    }
+
+    #[test]
+    fn record_module_sets_name_and_digest() {
+        let mut pv = publish(made(nfs())).unwrap();
+        record_module(&mut pv, "hostpath", "deadbeef");
+        let ann = pv.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann[names::ANN_MODULE], "hostpath");
+        assert_eq!(ann[names::ANN_MODULE_SHA256], "deadbeef");
+    }
+
+    #[test]
+    fn reclaim_policy_defaults_to_delete_with_the_protection_finalizer() {
+        let pv = publish(made(nfs())).unwrap();
+        assert_eq!(
+            spec(&pv).persistent_volume_reclaim_policy.as_deref(),
+            Some("Delete")
+        );
+        assert_eq!(
+            pv.metadata.finalizers,
+            Some(vec![names::FINALIZER_PV_PROTECTION.to_string()])
+        );
+
+        let (c, mut k) = (claim(), class());
+        k.reclaim_policy = Some("Retain".into());
+        let req = provision_request(&c, &k, None).unwrap();
+        let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS).unwrap();
+        assert_eq!(
+            spec(&pv).persistent_volume_reclaim_policy.as_deref(),
+            Some("Retain")
+        );
+        assert_eq!(pv.metadata.finalizers, None);
+    }
+
+    #[test]
+    fn mount_options_are_the_class_then_the_plugin_deduplicated() {
+        let (c, mut k) = (claim(), class());
+        k.mount_options = Some(vec!["noatime".into(), "nfsvers=4.1".into()]);
+        let req = provision_request(&c, &k, None).unwrap();
+        let mut v = made(nfs());
+        v.mount_options = vec!["hard".into(), "noatime".into(), "hard".into()];
+        let pv = persistent_volume(&req, &c, &k, v, OURS).unwrap();
+        assert_eq!(
+            spec(&pv).mount_options,
+            Some(vec!["noatime".into(), "nfsvers=4.1".into(), "hard".into()])
+        );
+    }
+
+    #[test]
+    fn capacity_must_cover_the_request() {
+        let mut v = made(nfs());
+        v.capacity_bytes = (10 << 30) - 1;
+        let err = publish(v).unwrap_err();
+        assert_eq!(
+            err,
+            Error::CapacityTooSmall {
+                volume: "pvc-1234".into(),
+                claim: "ns/data".into(),
+                capacity: (10 << 30) - 1,
+                requested: 10 << 30
+            }
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("10737418239") && message.contains("10737418240"),
+            "{message}"
+        );
+        // More than asked is fine, and published as is.
+        let mut v = made(nfs());
+        v.capacity_bytes = 11_000_000_000;
+        let pv = publish(v).unwrap();
+        assert_eq!(
+            spec(&pv).capacity.as_ref().unwrap()["storage"].0,
+            "11000000000"
+        );
+    }
+
+    #[test]
+    fn volume_mode_is_the_claims_and_must_match_it() {
+        let mut v = made(nfs());
+        v.volume_mode = Some(types::VolumeMode::Filesystem);
+        assert_eq!(
+            spec(&publish(v).unwrap()).volume_mode.as_deref(),
+            Some("Filesystem")
+        );
+        let mut v = made(nfs());
+        v.volume_mode = Some(types::VolumeMode::Block);
+        assert!(matches!(
+            publish(v),
+            Err(Error::VolumeModeMismatch {
+                claim_mode: "Filesystem",
+                volume_mode: "Block",
+                ..
+            })
+        ));
+
+        let mut c = claim();
+        c.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        let k = class();
+        let req = provision_request(&c, &k, None).unwrap();
+        let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS).unwrap();
+        assert_eq!(spec(&pv).volume_mode.as_deref(), Some("Block"));
+    }
+
+    #[test]
+    fn node_affinity_becomes_required_terms() {
+        let mut v = made(nfs());
+        v.node_affinity = on_node("worker-1");
+        v.node_affinity.push(types::NodeSelectorTerm {
+            match_expressions: vec![types::NodeSelectorRequirement {
+                key: "disk".into(),
+                operator: "Exists".into(),
+                values: vec![],
+            }],
+        });
+        let pv = publish(v).unwrap();
+        let terms = &spec(&pv)
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 2);
+        let r = &terms[0].match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (r.key.as_str(), r.operator.as_str()),
+            ("kubernetes.io/hostname", "In")
+        );
+        assert_eq!(r.values, Some(vec!["worker-1".to_string()]));
+        assert_eq!(terms[1].match_expressions.as_ref().unwrap()[0].values, None);
+
+        let mut v = made(nfs());
+        v.node_affinity = on_node("worker-1");
+        v.node_affinity[0].match_expressions[0].operator = "Near".into();
+        assert!(
+            matches!(publish(v), Err(Error::InvalidNodeAffinity { operator, .. }) if operator == "Near")
+        );
+    }
+
+    #[test]
+    fn local_volumes_require_node_affinity() {
+        let local = types::VolumeSource::Local(types::LocalSource {
+            path: "/mnt/disks/1".into(),
+            fs_type: None,
+        });
+        assert_eq!(
+            publish(made(local.clone())).unwrap_err(),
+            Error::LocalWithoutNodeAffinity {
+                volume: "pvc-1234".into()
+            }
+        );
+        let json = types::VolumeSource::Json(r#"{"local": {"path": "/mnt/disks/1"}}"#.into());
+        assert!(matches!(
+            publish(made(json)),
+            Err(Error::LocalWithoutNodeAffinity { .. })
+        ));
+        let mut v = made(local);
+        v.node_affinity = on_node("worker-1");
+        assert!(spec(&publish(v).unwrap()).local.is_some());
+    }
+
+    #[test]
+    fn plugin_labels_and_annotations_are_published() {
+        let mut v = made(nfs());
+        v.labels = vec![
+            ("example.com/tier".into(), "gold".into()),
+            ("topology.kubernetes.io/zone".into(), "z1".into()),
+            ("plain".into(), String::new()),
+        ];
+        v.annotations = vec![(
+            "example.com/backend-id".into(),
+            "vol-0001 / any text".into(),
+        )];
+        let pv = publish(v).unwrap();
+        assert_eq!(
+            pv.metadata.labels,
+            Some(map(&[
+                ("example.com/tier", "gold"),
+                ("plain", ""),
+                ("topology.kubernetes.io/zone", "z1")
+            ]))
+        );
+        let ann = pv.metadata.annotations.unwrap();
+        assert_eq!(ann["example.com/backend-id"], "vol-0001 / any text");
+    }
+
+    #[test]
+    fn reserved_annotation_domains_are_refused() {
+        for key in [
+            names::ANN_PROVISIONED_BY,
+            "pv.kubernetes.io/bound-by-controller",
+            "volume.beta.kubernetes.io/mount-options",
+            "kubernetes.io/anything",
+            "k8s.io/anything",
+            "storage.k8s.io/anything",
+            names::ANN_MODULE_SHA256,
+            "sub.wasm-provisioner.dev/x",
+            "topology.kubernetes.io/zone",
+        ] {
+            let mut v = made(nfs());
+            v.annotations = vec![(key.into(), "x".into())];
+            assert!(
+                matches!(publish(v), Err(Error::ReservedKey { what: "annotation", key: k, .. }) if k == key),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn reserved_label_domains_are_refused_except_topology() {
+        for key in [
+            "kubernetes.io/hostname",
+            "node.kubernetes.io/x",
+            "k8s.io/x",
+            "wasm-provisioner.dev/x",
+        ] {
+            let mut v = made(nfs());
+            v.labels = vec![(key.into(), "x".into())];
+            assert!(
+                matches!(publish(v), Err(Error::ReservedKey { what: "label", .. })),
+                "{key}"
+            );
+        }
+        for key in [
+            "topology.kubernetes.io/region",
+            "failure-domain.beta.kubernetes.io/zone",
+            // Only real subdomains are reserved, not look-alikes.
+            "notkubernetes.io/x",
+            "kubernetes.io.example.com/x",
+        ] {
+            let mut v = made(nfs());
+            v.labels = vec![(key.into(), "x".into())];
+            assert!(publish(v).is_ok(), "{key}");
+        }
+    }
+
+    #[test]
+    fn invalid_keys_and_label_values_are_refused() {
+        for key in [
+            "",
+            "/x",
+            "Example.com/x",
+            "a/b/c",
+            "x/",
+            "-x",
+            "x y",
+            &"a".repeat(64),
+        ] {
+            let mut v = made(nfs());
+            v.annotations = vec![(key.to_string(), "x".into())];
+            assert!(
+                matches!(publish(v), Err(Error::InvalidKey { .. })),
+                "{key:?}"
+            );
+        }
+        for value in ["-x", "a b", "x/y", &"a".repeat(64)] {
+            let mut v = made(nfs());
+            v.labels = vec![("tier".into(), value.to_string())];
+            assert!(
+                matches!(publish(v), Err(Error::InvalidLabelValue { .. })),
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn typed_sources_map_to_their_fields() {
+        let pv = publish(made(nfs())).unwrap();
+        let s = spec(&pv).nfs.as_ref().unwrap();
+        assert_eq!(
+            (s.server.as_str(), s.path.as_str(), s.read_only),
+            ("nfs.example", "/exports/pvc-1234", None)
+        );
+
+        let hp = types::VolumeSource::HostPath(types::HostPathSource {
+            path: "/srv/pvc-1234".into(),
+            path_type: Some("DirectoryOrCreate".into()),
+        });
+        let pv = publish(made(hp)).unwrap();
+        let s = spec(&pv).host_path.as_ref().unwrap();
+        assert_eq!(
+            (s.path.as_str(), s.type_.as_deref()),
+            ("/srv/pvc-1234", Some("DirectoryOrCreate"))
+        );
+
+        let pv = publish(made(csi())).unwrap();
+        let s = spec(&pv).csi.as_ref().unwrap();
+        assert_eq!(
+            (s.driver.as_str(), s.volume_handle.as_str()),
+            ("csi.example.com", "vol-1")
+        );
+        assert_eq!(
+            (s.fs_type.as_deref(), s.read_only),
+            (Some("ext4"), Some(true))
+        );
+        assert_eq!(s.volume_attributes, Some(map(&[("pool", "a")])));
+
+        let pv = publish(made(iscsi())).unwrap();
+        let s = spec(&pv).iscsi.as_ref().unwrap();
+        assert_eq!(
+            (s.target_portal.as_str(), s.iqn.as_str(), s.lun),
+            ("10.0.0.1:3260", "iqn.2024-01.example:t", 3)
+        );
+        assert_eq!(s.portals, Some(vec!["10.0.0.2:3260".to_string()]));
+        assert_eq!(s.iscsi_interface.as_deref(), Some("default"));
+    }
+
+    fn csi() -> types::VolumeSource {
+        types::VolumeSource::Csi(types::CsiSource {
+            driver: "csi.example.com".into(),
+            volume_handle: "vol-1".into(),
+            fs_type: Some("ext4".into()),
+            read_only: true,
+            volume_attributes: vec![("pool".into(), "a".into())],
+        })
+    }
+
+    fn iscsi() -> types::VolumeSource {
+        types::VolumeSource::Iscsi(types::IscsiSource {
+            target_portal: "10.0.0.1:3260".into(),
+            iqn: "iqn.2024-01.example:t".into(),
+            lun: 3,
+            iscsi_interface: Some("default".into()),
+            fs_type: Some("xfs".into()),
+            read_only: false,
+            portals: vec!["10.0.0.2:3260".into()],
+        })
+    }
+
+    #[test]
+    fn every_typed_source_round_trips_to_the_delete_request() {
+        let mut local = made(types::VolumeSource::Local(types::LocalSource {
+            path: "/mnt/disks/1".into(),
+            fs_type: Some("ext4".into()),
+        }));
+        local.node_affinity = on_node("worker-1");
+        let volumes = [
+            made(nfs()),
+            made(types::VolumeSource::Nfs(types::NfsSource {
+                server: "s".into(),
+                path: "/p".into(),
+                read_only: true,
+            })),
+            made(types::VolumeSource::HostPath(types::HostPathSource {
+                path: "/srv/x".into(),
+                path_type: None,
+            })),
+            made(types::VolumeSource::HostPath(types::HostPathSource {
+                path: "/srv/x".into(),
+                path_type: Some("Directory".into()),
+            })),
+            local,
+            made(csi()),
+            made(types::VolumeSource::Csi(types::CsiSource {
+                driver: "d".into(),
+                volume_handle: "h".into(),
+                fs_type: None,
+                read_only: false,
+                volume_attributes: vec![],
+            })),
+            made(iscsi()),
+        ];
+        for volume in volumes {
+            let before = volume.source.clone();
+            let after = round_trip(volume);
+            assert!(same(&before, &after), "{before:?} came back as {after:?}");
+        }
+    }
+
+    #[test]
+    fn json_source_round_trips_as_json() {
+        let text =
+            r#"{"cephfs": {"monitors": ["10.0.0.1:6789"], "path": "/vols/1", "user": "admin"}}"#;
+        let pv = publish(made(types::VolumeSource::Json(text.into()))).unwrap();
+        let cephfs = spec(&pv).cephfs.as_ref().unwrap();
+        assert_eq!(cephfs.monitors, vec!["10.0.0.1:6789".to_string()]);
+        assert_eq!(cephfs.user.as_deref(), Some("admin"));
+        let types::VolumeSource::Json(back) =
+            round_trip(made(types::VolumeSource::Json(text.into())))
+        else {
+            panic!("cephfs did not come back as json");
+        };
+        let a: Value = serde_json::from_str(text).unwrap();
+        let b: Value = serde_json::from_str(&back).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn json_for_a_typed_kind_comes_back_typed() {
+        let text = r#"{"nfs": {"server": "nfs.example", "path": "/exports/pvc-1234"}}"#;
+        let back = round_trip(made(types::VolumeSource::Json(text.into())));
+        assert!(same(&back, &nfs()), "{back:?}");
+    }
+
+    #[test]
+    fn typed_sources_with_fields_the_wit_lacks_come_back_as_json() {
+        let text = r#"{"csi": {"driver": "d", "volumeHandle": "h", "nodePublishSecretRef": {"name": "s", "namespace": "ns"}}}"#;
+        let pv = publish(made(types::VolumeSource::Json(text.into()))).unwrap();
+        assert_eq!(
+            spec(&pv).csi.as_ref().unwrap().node_publish_secret_ref,
+            Some(SecretReference {
+                name: Some("s".into()),
+                namespace: Some("ns".into())
+            })
+        );
+        let back = volume_source_of(&pv).unwrap();
+        let types::VolumeSource::Json(back) = back else {
+            panic!("a csi source with a secret must not lose it: {back:?}");
+        };
+        assert_eq!(
+            serde_json::from_str::<Value>(&back).unwrap(),
+            serde_json::from_str::<Value>(text).unwrap()
+        );
+
+        let text = r#"{"iscsi": {"targetPortal": "t", "iqn": "q", "lun": 0, "chapAuthSession": true, "secretRef": {"name": "chap"}}}"#;
+        let pv = publish(made(types::VolumeSource::Json(text.into()))).unwrap();
+        assert!(matches!(
+            volume_source_of(&pv),
+            Ok(types::VolumeSource::Json(_))
+        ));
+    }
+
+    #[test]
+    fn json_must_be_one_known_source_key() {
+        let cases = [
+            ("not json", "JsonSyntax"),
+            ("[1]", "JsonSyntax"),
+            ("{}", "JsonKeyCount"),
+            (
+                r#"{"nfs": {"server": "s", "path": "/"}, "hostPath": {"path": "/"}}"#,
+                "JsonKeyCount",
+            ),
+            (r#"{"capacity": {"storage": "1Gi"}}"#, "JsonUnknownSource"),
+            (r#"{"claimRef": {"name": "other"}}"#, "JsonUnknownSource"),
+            (r#"{"emptyDir": {}}"#, "JsonUnknownSource"),
+            (r#"{"nfs": "server:/path"}"#, "JsonInvalid"),
+            (r#"{"nfs": {"server": "s"}}"#, "JsonMissingField"),
+            (r#"{"cephfs": {"path": "/"}}"#, "JsonMissingField"),
+            (
+                r#"{"iscsi": {"targetPortal": "t", "iqn": "q"}}"#,
+                "JsonMissingField",
+            ),
+            (r#"{"cephfs": {"monitors": "one"}}"#, "JsonInvalid"),
+            (
+                r#"{"nfs": {"server": "s", "path": "/", "readonly": true}}"#,
+                "JsonUnknownField",
+            ),
+            (
+                r#"{"csi": {"driver": "d", "volumeHandle": "h", "nodePublishSecretRef": {"nam": "s"}}}"#,
+                "JsonUnknownField",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = publish(made(types::VolumeSource::Json(text.into()))).unwrap_err();
+            let got = format!("{err:?}");
+            assert!(got.starts_with(want), "{text}: {got}");
+            assert!(err.to_string().contains("pvc-1234"), "{err}");
+        }
+        let err = publish(made(types::VolumeSource::Json(
+            r#"{"csi": {"driver": "d", "volumeHandle": "h", "nodePublishSecretRef": {"nam": "s"}}}"#.into(),
+        )))
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::JsonUnknownField { field, .. } if field == "nodePublishSecretRef.nam"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn json_nulls_are_absent_fields() {
+        let text = r#"{"nfs": {"server": "s", "path": "/", "readOnly": null}}"#;
+        assert!(publish(made(types::VolumeSource::Json(text.into()))).is_ok());
+    }
+
+    #[test]
+    fn delete_request_carries_the_pv_and_class() {
+        let mut v = made(nfs());
+        v.labels = vec![("example.com/tier".into(), "gold".into())];
+        v.node_affinity = on_node("worker-1");
+        let pv = publish(v).unwrap();
+        let req = delete_request(&pv, Some(&class())).unwrap();
+        assert_eq!(req.volume.name, "pvc-1234");
+        assert_eq!(req.volume.capacity_bytes, 10 << 30);
+        assert_eq!(
+            req.volume.labels,
+            vec![("example.com/tier".to_string(), "gold".to_string())]
+        );
+        assert!(
+            req.volume
+                .annotations
+                .contains(&(names::ANN_PROVISIONED_BY.to_string(), OURS.to_string()))
+        );
+        assert_eq!(req.volume.claim_namespace.as_deref(), Some("ns"));
+        assert_eq!(req.volume.claim_name.as_deref(), Some("data"));
+        assert_eq!(req.volume.node_affinity.len(), 1);
+        assert_eq!(
+            req.volume.node_affinity[0].match_expressions[0].values,
+            vec!["worker-1".to_string()]
+        );
+        assert_eq!(req.class_name, "fast");
+        // Reserved parameters stay with the host.
+        assert_eq!(
+            req.class_parameters,
+            vec![("root".to_string(), "/srv/volumes".to_string())]
+        );
+
+        let req = delete_request(&pv, None).unwrap();
+        assert_eq!(req.class_name, "fast");
+        assert!(req.class_parameters.is_empty());
+    }
+
+    #[test]
+    fn delete_request_refuses_pvs_without_exactly_one_source() {
+        let mut pv = publish(made(nfs())).unwrap();
+        pv.spec.as_mut().unwrap().nfs = None;
+        assert_eq!(
+            delete_request(&pv, None).unwrap_err(),
+            Error::NoSource {
+                volume: "pvc-1234".into()
+            }
+        );
+        pv.spec.as_mut().unwrap().host_path = Some(HostPathVolumeSource {
+            path: "/a".into(),
+            type_: None,
+        });
+        pv.spec.as_mut().unwrap().local = Some(LocalVolumeSource {
+            path: "/b".into(),
+            fs_type: None,
+        });
+        assert!(matches!(
+            delete_request(&pv, None),
+            Err(Error::SeveralSources { sources, .. }) if sources == "hostPath, local"
+        ));
+    }
+
+    #[test]
+    fn delete_request_refuses_a_bad_capacity() {
+        let mut pv = publish(made(nfs())).unwrap();
+        pv.spec.as_mut().unwrap().capacity = Some(BTreeMap::from([(
+            "storage".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("ten".into()),
+        )]));
+        assert!(matches!(
+            delete_request(&pv, None),
+            Err(Error::Capacity { .. })
+        ));
+        pv.spec.as_mut().unwrap().capacity = None;
+        assert_eq!(delete_request(&pv, None).unwrap().volume.capacity_bytes, 0);
+    }
+}
