@@ -2,6 +2,7 @@
 //! backends are sandboxed WebAssembly components.
 #![deny(unsafe_code)]
 
+pub mod backoff;
 pub mod decide;
 pub mod names;
 pub mod plugin;
