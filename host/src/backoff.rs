@@ -320,8 +320,12 @@ mod tests {
         assert_eq!(q.failed(&"b", t0), secs(15));
         assert_eq!(q.failed(&"a", t0), secs(60));
         assert_eq!((q.failures(&"a"), q.failures(&"b")), (3, 1));
+        assert_eq!(q.len(), 2);
         q.forget(&"a");
         assert_eq!(q.failures(&"a"), 0);
+        assert_eq!(q.len(), 1);
+        q.forget(&"b");
+        assert!(q.is_empty());
         assert_eq!(q.failed(&"a", t0), secs(15));
     }
 
