@@ -3,9 +3,17 @@
 #![deny(unsafe_code)]
 
 pub mod backoff;
+pub mod cli;
+pub mod client;
+pub mod controller;
 pub mod decide;
+pub mod guest_cli;
+pub mod leader;
+pub mod metrics;
 pub mod names;
 pub mod plugin;
 pub mod quantity;
 pub mod request;
+pub mod run;
+pub mod server;
 pub mod volume;

@@ -1,4 +1,5 @@
-fn main() {
-    eprintln!("wasm-provisioner: not implemented yet");
-    std::process::exit(2);
+//! The `wasm-provisioner` binary: parse the command line, run it.
+
+fn main() -> std::process::ExitCode {
+    wasm_provisioner::cli::main()
 }

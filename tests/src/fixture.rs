@@ -268,14 +268,26 @@ impl Fixture {
         for class in &self.classes {
             let _ = classes.delete(class, &DeleteParams::default()).await;
         }
-        let _ = std::fs::remove_dir_all(&self.root);
-        let Fixture { ctx, .. } = self;
-        ctx.cleanup().await;
+        let namespace = self.ctx.namespace.clone();
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.ctx.client.clone());
+        let _ = namespaces.delete(&namespace, &DeleteParams::default()).await;
     }
 
     /// The directory a module's volumes live in on this machine.
     pub fn module_data(&self, module: &str) -> PathBuf {
         self.data.join(module)
+    }
+}
+
+impl Drop for Fixture {
+    /// Files go with the fixture, except after a failure: then the host logs in
+    /// `<root>/logs` stay for a look, and the path is printed.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test files and host logs kept in {}", self.root.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
     }
 }
 

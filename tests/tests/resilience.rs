@@ -150,15 +150,16 @@ async fn leader_hands_over_between_two_hosts() -> anyhow::Result<()> {
     // Someone else takes the Lease: the second host must stop and exit non-zero.
     let leases: Api<Lease> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
     let lease_name = fx.provisioner.replace('/', "-");
-    let now = k8s_openapi::jiff::Timestamp::now();
+    // MicroTime: exactly six fractional digits.
+    let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
     leases
         .patch(
             &lease_name,
             &PatchParams::default(),
             &Patch::Merge(json!({ "spec": {
                 "holderIdentity": "an-intruder",
-                "acquireTime": now.to_string(),
-                "renewTime": now.to_string(),
+                "acquireTime": now,
+                "renewTime": now,
                 "leaseDurationSeconds": 3600,
             }})),
         )

@@ -118,6 +118,12 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let key = key(&claim);
+    // Only claims for this provisioner: every wasm-provisioner instance uses the same
+    // claim finalizer, so another instance's claims (even being deleted) are not ours.
+    let names = [ctx.settings.provisioner_name.as_str()];
+    if !decide::claim_provisioner(&claim).is_some_and(|p| names.contains(&p)) {
+        return Ok(resync(&ctx));
+    }
     if claim.metadata.deletion_timestamp.is_some() {
         if decide::has_finalizer(&claim.metadata, names::FINALIZER_CLAIM_PROVISIONING) {
             return cleanup(&claim, &ctx).await;
@@ -135,10 +141,6 @@ pub async fn reconcile(
     if bound {
         remove_claim_finalizer(&ctx, &claim).await?;
         ctx.claim_retries.forget(&key);
-        return Ok(resync(&ctx));
-    }
-    let names = [ctx.settings.provisioner_name.as_str()];
-    if !decide::claim_provisioner(&claim).is_some_and(|p| names.contains(&p)) {
         return Ok(resync(&ctx));
     }
     if ctx.claim_retries.given_up(&key, fingerprint(&claim)) {
@@ -786,7 +788,7 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
                 );
                 tokio::spawn(async move {
                     ctx.events
-                        .claim_warning(&claim, names::REASON_PROVISIONING_FAILED, message)
+                        .claim_gave_up(&claim, names::REASON_PROVISIONING_FAILED, message)
                         .await;
                 });
                 Action::await_change()

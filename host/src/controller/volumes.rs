@@ -276,7 +276,7 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>)
             );
             tokio::spawn(async move {
                 ctx.events
-                    .volume_warning(&pv, names::REASON_VOLUME_FAILED_DELETE, message)
+                    .volume_gave_up(&pv, names::REASON_VOLUME_FAILED_DELETE, message)
                     .await;
             });
             Action::await_change()
