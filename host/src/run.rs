@@ -103,8 +103,8 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub leader_election_lease_duration: Duration,
 
-    /// The leader renews this long before its lease would expire... as a deadline: the
-    /// lease is renewed `lease-duration - renew-deadline` before it expires.
+    /// The leader must renew its lease within this long; it renews `lease-duration -
+    /// renew-deadline` before the lease would expire.
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub leader_election_renew_deadline: Duration,
 
