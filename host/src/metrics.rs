@@ -36,7 +36,11 @@ impl RuntimeCollector {
     fn new(runtime: Runtime) -> Self {
         let descs = Self::families(&runtime)
             .iter()
-            .flat_map(|family| prometheus::core::Collector::desc(family).into_iter().cloned())
+            .flat_map(|family| {
+                prometheus::core::Collector::desc(family)
+                    .into_iter()
+                    .cloned()
+            })
             .collect();
         Self { runtime, descs }
     }

@@ -269,8 +269,11 @@ impl Fixture {
             let _ = classes.delete(class, &DeleteParams::default()).await;
         }
         let namespace = self.ctx.namespace.clone();
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.ctx.client.clone());
-        let _ = namespaces.delete(&namespace, &DeleteParams::default()).await;
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> =
+            Api::all(self.ctx.client.clone());
+        let _ = namespaces
+            .delete(&namespace, &DeleteParams::default())
+            .await;
     }
 
     /// The directory a module's volumes live in on this machine.

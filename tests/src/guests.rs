@@ -39,7 +39,7 @@ pub fn dist_dir() -> &'static Path {
                 output.status
             );
         }
-        let dist = stdout
+        stdout
             .lines()
             .last()
             .map(|line| PathBuf::from(line.trim()))
@@ -49,8 +49,7 @@ pub fn dist_dir() -> &'static Path {
                     "bash {} succeeded but did not print an existing dist directory on its last line\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
                     script.display()
                 )
-            });
-        dist
+            })
     })
 }
 

@@ -213,14 +213,21 @@ async fn launcher_leaves_nothing_behind_when_its_parent_dies() -> anyhow::Result
         .strip_prefix("kubeconfig: ")
         .ok_or_else(|| anyhow::anyhow!("no kubeconfig line from the launcher: {line:?}"))?
         .to_string();
-    let dir = std::path::Path::new(&kubeconfig).parent().unwrap().to_path_buf();
-    wait_for("the launcher to clean up after its parent died", Duration::from_secs(60), || async {
-        let running = std::process::Command::new("pgrep")
-            .args(["-f", &dir.display().to_string()])
-            .output()?;
-        let gone = !dir.exists() && running.stdout.is_empty();
-        Ok(gone.then_some(()))
-    })
+    let dir = std::path::Path::new(&kubeconfig)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    wait_for(
+        "the launcher to clean up after its parent died",
+        Duration::from_secs(60),
+        || async {
+            let running = std::process::Command::new("pgrep")
+                .args(["-f", &dir.display().to_string()])
+                .output()?;
+            let gone = !dir.exists() && running.stdout.is_empty();
+            Ok(gone.then_some(()))
+        },
+    )
     .await?;
     Ok(())
 }

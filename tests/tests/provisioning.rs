@@ -123,8 +123,11 @@ async fn plugin_outcomes_are_handled_as_the_library_does() -> anyhow::Result<()>
     let background = fx
         .class("echo", &[("outcomeFile", "/volumes/background")], json!({}))
         .await?;
-    fx.claim("background", &background, "1Gi", json!({})).await?;
-    let note = fx.wait_claim_event("background", "ProvisioningFailed").await?;
+    fx.claim("background", &background, "1Gi", json!({}))
+        .await?;
+    let note = fx
+        .wait_claim_event("background", "ProvisioningFailed")
+        .await?;
     assert!(note.contains("echo: in-background"), "{note}");
     fx.wait_claim("background", "keeps our finalizer", |c| {
         c.is_some_and(|c| has_finalizer(c, FINALIZER_CLAIM))
@@ -175,27 +178,43 @@ async fn plugin_outcomes_are_handled_as_the_library_does() -> anyhow::Result<()>
     );
     let claim = fx.claims().get("ignored").await?;
     assert!(claim.spec.and_then(|s| s.volume_name).is_none());
-    assert!(!has_finalizer(
-        &fx.claims().get("failed").await?,
-        FINALIZER_CLAIM
-    ));
+    // ... and was asked once: the host's own finalizer edits must not re-trigger it.
+    let ignored_calls = host.metric(
+        "wasm_provisioner_guest_call_failures_total{call=\"provision\",module=\"echo\",outcome=\"ignored\"}",
+    );
+    assert_eq!(ignored_calls, Some(1.0), "{}", host.log_text());
+    // A failed attempt finished: nothing is left in the backend, so our finalizer comes
+    // off between attempts.
+    fx.wait_claim("failed", "our finalizer removed between attempts", |c| {
+        c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
+    })
+    .await?;
 
     // The in-background claim is deleted mid-flight: it cannot vanish while the backend
     // may hold its volume; once the plugin finishes, the host deletes that volume and
     // lets the claim go.
-    fx.claims().delete("background", &DeleteParams::default()).await?;
+    fx.claims()
+        .delete("background", &DeleteParams::default())
+        .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let still = fx.claims().get_opt("background").await?;
     assert!(
-        still.is_some_and(|c| c.metadata.deletion_timestamp.is_some() && has_finalizer(&c, FINALIZER_CLAIM)),
+        still.is_some_and(
+            |c| c.metadata.deletion_timestamp.is_some() && has_finalizer(&c, FINALIZER_CLAIM)
+        ),
         "a claim whose backend volume may exist must not vanish"
     );
     std::fs::write(&outcome_file, "ok")?;
-    fx.wait_claim("background", "gone after cleanup", |c| c.is_none()).await?;
+    fx.wait_claim("background", "gone after cleanup", |c| c.is_none())
+        .await?;
     let deletes = host
         .metric("wasm_provisioner_guest_call_duration_seconds_count{call=\"delete\",module=\"echo\",outcome=\"ok\"}")
         .unwrap_or_default();
-    assert!(deletes >= 1.0, "the finished volume was deleted by the plugin\n{}", host.log_text());
+    assert!(
+        deletes >= 1.0,
+        "the finished volume was deleted by the plugin\n{}",
+        host.log_text()
+    );
     drop(host);
     fx.cleanup().await;
     Ok(())
@@ -301,7 +320,10 @@ async fn decisions_before_the_plugin_is_called() -> anyhow::Result<()> {
         .into_iter()
         .filter(|(reason, _)| reason.starts_with("Provisioning"))
         .collect();
-    assert!(ours.is_empty(), "another provisioner's claim got our Events: {ours:?}");
+    assert!(
+        ours.is_empty(),
+        "another provisioner's claim got our Events: {ours:?}"
+    );
     classes
         .delete(&other.name_any(), &DeleteParams::default())
         .await?;

@@ -151,7 +151,9 @@ async fn leader_hands_over_between_two_hosts() -> anyhow::Result<()> {
     let leases: Api<Lease> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
     let lease_name = fx.provisioner.replace('/', "-");
     // MicroTime: exactly six fractional digits.
-    let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
     leases
         .patch(
             &lease_name,

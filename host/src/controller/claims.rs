@@ -152,6 +152,10 @@ pub async fn reconcile(
         ctx.claim_retries
             .class_changed(&key, &class.resource_version().unwrap_or_default());
     }
+    // Waiting out a retry delay (or an ignored answer) while the claim is unchanged.
+    if let Some(wait) = ctx.claim_retries.held(&key, fingerprint(&claim)) {
+        return Ok(Action::requeue(wait));
+    }
 
     // The cache check: the PV of this claim exists, so provisioning is done. A cache
     // miss is confirmed live: the cache may lag our own create by a moment, and a
@@ -461,6 +465,8 @@ async fn provision_refused(
     if let ProvisionError::Ignored(_) = error {
         // "Not mine": no Warning, no retry; nothing was made.
         info!(claim = %claim_key, module = module.name(), %message, "plugin ignored the claim");
+        ctx.claim_retries
+            .hold(&key(claim), fingerprint(claim), ctx.settings.resync_period);
         remove_claim_finalizer(ctx, claim).await?;
         return Ok(resync(ctx));
     }
@@ -775,13 +781,19 @@ async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action,
 pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = key(&claim);
     warn!(%error, "provisioning did not finish; will retry");
+    let print = fingerprint(&claim);
     match error {
         Error::Infeasible { class_version, .. } => {
-            Action::requeue(ctx.claim_retries.infeasible(&key, class_version))
+            let delay = ctx.claim_retries.infeasible(&key, class_version);
+            ctx.claim_retries.hold(&key, print, delay);
+            Action::requeue(delay)
         }
         Error::Cleanup { .. } => Action::requeue(ctx.claim_retries.failed_forever(&key)),
-        _ => match ctx.claim_retries.failed(&key, fingerprint(&claim)) {
-            Next::RetryAfter(delay) => Action::requeue(delay),
+        _ => match ctx.claim_retries.failed(&key, print) {
+            Next::RetryAfter(delay) => {
+                ctx.claim_retries.hold(&key, print, delay);
+                Action::requeue(delay)
+            }
             Next::GiveUp { failures } => {
                 let message = format!(
                     "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Edit or recreate the claim to try again"

@@ -46,14 +46,26 @@ impl EventSink {
     /// the attempts' ProvisioningFailed series (Events aggregate by reason and action,
     /// and a series keeps its first note).
     pub async fn claim_gave_up(&self, claim: &PersistentVolumeClaim, reason: &str, note: String) {
-        self.publish(claim.object_ref(&()), EventType::Warning, reason, "GiveUp", note)
-            .await;
+        self.publish(
+            claim.object_ref(&()),
+            EventType::Warning,
+            reason,
+            "GiveUp",
+            note,
+        )
+        .await;
     }
 
     /// A Warning Event on a volume for giving up on its deletion.
     pub async fn volume_gave_up(&self, volume: &PersistentVolume, reason: &str, note: String) {
-        self.publish(volume.object_ref(&()), EventType::Warning, reason, "GiveUp", note)
-            .await;
+        self.publish(
+            volume.object_ref(&()),
+            EventType::Warning,
+            reason,
+            "GiveUp",
+            note,
+        )
+        .await;
     }
 
     /// A Warning Event on a volume (lands in namespace `default`: PVs are cluster-scoped).

@@ -25,6 +25,8 @@ struct State {
     given_up: HashMap<String, u64>,
     /// Keys whose last failure was infeasible, with their class's resourceVersion.
     infeasible: HashMap<String, String>,
+    /// Keys waiting out a retry delay: the object's fingerprint then, and until when.
+    held: HashMap<String, (u64, Instant)>,
 }
 
 /// The retry state of one queue.
@@ -115,12 +117,37 @@ impl Retries {
         }
     }
 
+    /// Holds `key` for `delay`: until then, a reconcile of the same object (same
+    /// fingerprint) waits. Our own writes to an object (a finalizer added and removed
+    /// in one attempt) trigger a reconcile at once; without the hold they would bypass
+    /// the back-off and loop.
+    pub fn hold(&self, key: &str, fingerprint: u64, delay: Duration) {
+        let mut state = self.state.lock().expect("retry state lock");
+        let until = Instant::now()
+            .checked_add(delay)
+            .unwrap_or_else(Instant::now);
+        state.held.insert(key.to_string(), (fingerprint, until));
+    }
+
+    /// How long `key` must still wait, if it is held and the object did not change.
+    pub fn held(&self, key: &str, fingerprint: u64) -> Option<Duration> {
+        let mut state = self.state.lock().expect("retry state lock");
+        let (at, until) = *state.held.get(key)?;
+        let now = Instant::now();
+        if at != fingerprint || until <= now {
+            state.held.remove(key);
+            return None;
+        }
+        Some(until - now)
+    }
+
     /// Forgets everything about `key`: after a success, or when it is gone.
     pub fn forget(&self, key: &str) {
         self.with_backoff(|backoff, state| {
             backoff.forget(&key.to_string());
             state.given_up.remove(key);
             state.infeasible.remove(key);
+            state.held.remove(key);
         });
     }
 
@@ -184,6 +211,21 @@ mod tests {
             retries.failed("a", 1),
             Next::RetryAfter(Duration::from_secs(8))
         );
+    }
+
+    #[test]
+    fn a_held_key_waits_unless_its_object_changed() {
+        let retries = Retries::new(policy(15));
+        retries.hold("a", 7, Duration::from_secs(60));
+        let wait = retries.held("a", 7).expect("held");
+        assert!(wait > Duration::from_secs(59) && wait <= Duration::from_secs(60));
+        assert_eq!(retries.held("a", 8), None, "a changed object goes at once");
+        assert_eq!(retries.held("a", 7), None, "and the hold is gone");
+        retries.hold("b", 1, Duration::ZERO);
+        assert_eq!(retries.held("b", 1), None, "an expired hold is gone");
+        retries.hold("c", 1, Duration::from_secs(60));
+        retries.forget("c");
+        assert_eq!(retries.held("c", 1), None);
     }
 
     #[test]

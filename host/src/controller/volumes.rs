@@ -111,6 +111,21 @@ fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>,
 }
 
 async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
+    // Decide on the live object: the cache may still show a volume whose backend this
+    // host deleted a moment ago (finalizer not yet gone), and a second delete call
+    // would be wasted work, or worse for a plugin that is not idempotent.
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let pv = &match api
+        .get_opt(&pv.name_any())
+        .await
+        .map_err(|e| api_error(pv, e))?
+    {
+        Some(live) if live.uid() == pv.uid() => live,
+        _ => return Ok(Action::await_change()),
+    };
+    if decide::should_delete(pv, &ctx.settings.provisioner_name) != DeleteDecision::Delete {
+        return Ok(Action::await_change());
+    }
     let volume_name = pv.name_any();
     let class = class_label(pv);
     let fail = |message: String| Error::Delete {
@@ -185,7 +200,6 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     info!(volume = %volume_name, module = module.name(), "backend volume deleted");
 
     // The backend is gone: delete the PV object, then let it go.
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     match api.delete(&volume_name, &DeleteParams::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => {}

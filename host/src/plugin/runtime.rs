@@ -77,6 +77,9 @@ struct Inner {
     compiles: Semaphore,
     /// Loads run one at a time, so two reloads of one module cannot race.
     loading: tokio::sync::Mutex<()>,
+    /// The sha256 of the last version refused per module: re-scans meet the same broken
+    /// file again, and it is refused (logged, counted) once, not at every scan.
+    refused_versions: Mutex<HashMap<String, String>>,
 }
 
 impl Runtime {
@@ -106,6 +109,7 @@ impl Runtime {
                 ticker,
                 compiles: Semaphore::new(COMPILE_CONCURRENCY),
                 loading: tokio::sync::Mutex::new(()),
+                refused_versions: Mutex::default(),
             }),
         })
     }
@@ -173,10 +177,36 @@ impl Runtime {
     }
 
     /// Like [`Runtime::load_file`], from bytes.
+    /// A version refused before is not tried again: `Unchanged` (nothing changed since
+    /// the last scan; the version in service, if any, keeps serving).
     pub async fn load_bytes(&self, name: &str, bytes: Vec<u8>) -> Result<LoadOutcome, LoadError> {
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let refused_before =
+            |versions: &HashMap<String, String>| versions.get(name) == Some(&sha256);
+        if refused_before(
+            &self
+                .inner
+                .refused_versions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        ) {
+            return Ok(LoadOutcome::Unchanged);
+        }
         let result = self.load_checked(name, bytes).await;
-        if let Err(error) = &result {
-            self.refused(error);
+        let mut refused = self
+            .inner
+            .refused_versions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match &result {
+            Err(error) => {
+                refused.insert(name.to_string(), sha256);
+                drop(refused);
+                self.refused(error);
+            }
+            Ok(_) => {
+                refused.remove(name);
+            }
         }
         result
     }
