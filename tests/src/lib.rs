@@ -4,9 +4,11 @@
 //!   admin and ServiceAccount clients, a fresh namespace per test.
 //! - [`guests`]: the guest components built from `guests/`.
 //! - [`host`]: the `wasm-provisioner` binary as a child process.
+//! - [`kubeconfig`]: kubeconfig files that carry a ServiceAccount's token.
 //! - [`fixture`]: one end-to-end scenario (namespace, provisioner name, modules, grants).
 
 pub mod cluster;
 pub mod fixture;
 pub mod guests;
 pub mod host;
+pub mod kubeconfig;

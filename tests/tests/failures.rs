@@ -1,0 +1,737 @@
+//! Failures end to end, on the real control plane: the host runs with exactly the RBAC of
+//! `deploy/rbac.yaml` (and with less of it), PVs that cannot be saved, backend deletes
+//! that fail, and a module missing when its volume must be deleted. In every case no
+//! backend volume is lost or leaked silently: it is deleted, or kept behind a finalizer
+//! with a Warning Event saying why.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde::Deserialize as _;
+use serde_json::json;
+use wasm_provisioner_tests::cluster::{
+    admin_kubeconfig, repo_root, service_account_token, wait_for,
+};
+use wasm_provisioner_tests::fixture::{Fixture, WAIT};
+use wasm_provisioner_tests::host::{Host, HostConfig};
+use wasm_provisioner_tests::kubeconfig;
+
+const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
+const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+/// The ServiceAccount the host runs as, in the fixture's namespace.
+const ACCOUNT: &str = "wasm-provisioner";
+
+fn has_finalizer<K: ResourceExt>(object: &K, finalizer: &str) -> bool {
+    object.finalizers().iter().any(|f| f == finalizer)
+}
+
+/// Runs a scenario on a fresh fixture. On failure it panics while the fixture is alive,
+/// so the fixture keeps its files and the host logs (and prints where they are).
+async fn scenario<F>(test: &str, body: F)
+where
+    F: AsyncFnOnce(&mut Fixture) -> anyhow::Result<()>,
+{
+    let mut fx = Fixture::new(test).await.expect("a fixture");
+    match body(&mut fx).await {
+        Ok(()) => fx.cleanup().await,
+        Err(error) => panic!("{error:?}"),
+    }
+}
+
+/// The last lines of a host's log, for failure messages.
+fn log_tail(host: &Host) -> String {
+    let log = host.log_text();
+    let lines: Vec<&str> = log.lines().collect();
+    let start = lines.len().saturating_sub(40);
+    format!(
+        "last lines of the host log ({}):\n{}",
+        host.log.display(),
+        lines[start..].join("\n")
+    )
+}
+
+/// The fixture's host config with `flags` set. A flag given here replaces the
+/// fixture's flag of the same name (`--leader-elect=true` replaces
+/// `--leader-elect=false`): the host refuses a flag given twice.
+fn config_with(fx: &Fixture, flags: &[&str]) -> HostConfig {
+    let mut config = fx.host_config(&[]);
+    for flag in flags {
+        let name = flag.split('=').next().unwrap_or(flag);
+        config.args.retain(|a| a.split('=').next() != Some(name));
+        config.args.push(flag.to_string());
+    }
+    config
+}
+
+/// How many calls `call` of `module` ended with `outcome` (0 before the first).
+fn guest_calls(host: &Host, call: &str, module: &str, outcome: &str) -> f64 {
+    host.metric(&format!(
+        "wasm_provisioner_guest_call_duration_seconds_count{{call=\"{call}\",module=\"{module}\",outcome=\"{outcome}\"}}"
+    ))
+    .unwrap_or_default()
+}
+
+/// The rules of the ClusterRole and of the leader-election Role in `deploy/rbac.yaml`.
+fn deploy_rules() -> anyhow::Result<(Vec<PolicyRule>, Vec<PolicyRule>)> {
+    let path = repo_root().join("deploy/rbac.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut cluster_roles = Vec::new();
+    let mut roles = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(document)
+            .with_context(|| format!("parsing {}", path.display()))?;
+        match value.get("kind").and_then(serde_yaml::Value::as_str) {
+            Some("ClusterRole") => {
+                cluster_roles.push(serde_yaml::from_value::<ClusterRole>(value)?)
+            }
+            Some("Role") => roles.push(serde_yaml::from_value::<Role>(value)?),
+            _ => {}
+        }
+    }
+    let ([cluster_role], [role]) = (cluster_roles.as_slice(), roles.as_slice()) else {
+        bail!(
+            "{} should hold one ClusterRole and one Role, not {} and {}",
+            path.display(),
+            cluster_roles.len(),
+            roles.len()
+        );
+    };
+    let cluster_rules = cluster_role.rules.clone().unwrap_or_default();
+    let leader_rules = role.rules.clone().unwrap_or_default();
+    ensure!(
+        !cluster_rules.is_empty() && !leader_rules.is_empty(),
+        "{} has a role without rules",
+        path.display()
+    );
+    Ok((cluster_rules, leader_rules))
+}
+
+/// Takes `verb` away from every core-group rule on `resource`; fails if none granted it.
+fn without_verb(rules: &mut [PolicyRule], resource: &str, verb: &str) -> anyhow::Result<()> {
+    let mut removed = false;
+    for rule in rules.iter_mut() {
+        let core = rule
+            .api_groups
+            .as_ref()
+            .is_some_and(|groups| groups.iter().any(|g| g.is_empty()));
+        let on_resource = rule
+            .resources
+            .as_ref()
+            .is_some_and(|resources| resources.iter().any(|r| r == resource));
+        if core && on_resource {
+            let before = rule.verbs.len();
+            rule.verbs.retain(|v| v != verb);
+            removed |= rule.verbs.len() != before;
+        }
+    }
+    ensure!(removed, "no rule granted {verb:?} on {resource:?}");
+    Ok(())
+}
+
+/// A ServiceAccount of the fixture's namespace with a ClusterRole and a leader Role of
+/// their own (test-unique names), and a kubeconfig that authenticates as it.
+struct Access {
+    client: Client,
+    /// The name of the ClusterRole and of its ClusterRoleBinding.
+    name: String,
+    kubeconfig: PathBuf,
+}
+
+impl Access {
+    async fn grant(
+        fx: &Fixture,
+        cluster_rules: Vec<PolicyRule>,
+        leader_rules: Vec<PolicyRule>,
+    ) -> anyhow::Result<Access> {
+        let client = fx.ctx.client.clone();
+        let namespace = fx.ctx.namespace.clone();
+        let name = format!("wasm-provisioner-{namespace}");
+        // The cluster-scoped objects are owned by the namespace too, so the garbage
+        // collector removes them with it should a test fail before revoking.
+        let owner = Api::<Namespace>::all(client.clone())
+            .get(&namespace)
+            .await?;
+        let owned = |name: &str| ObjectMeta {
+            name: Some(name.to_string()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                name: namespace.clone(),
+                uid: owner.uid().unwrap_or_default(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let subjects = Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: ACCOUNT.into(),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        }]);
+        let post = PostParams::default();
+
+        let cluster_role = ClusterRole {
+            metadata: owned(&name),
+            rules: Some(cluster_rules),
+            ..Default::default()
+        };
+        Api::<ClusterRole>::all(client.clone())
+            .create(&post, &cluster_role)
+            .await
+            .with_context(|| format!("creating ClusterRole {name}"))?;
+        let binding = ClusterRoleBinding {
+            metadata: owned(&name),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: name.clone(),
+            },
+            subjects: subjects.clone(),
+        };
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&post, &binding)
+            .await
+            .with_context(|| format!("creating ClusterRoleBinding {name}"))?;
+
+        let leader = "wasm-provisioner-leader";
+        let role = Role {
+            metadata: ObjectMeta {
+                name: Some(leader.into()),
+                ..Default::default()
+            },
+            rules: Some(leader_rules),
+        };
+        Api::<Role>::namespaced(client.clone(), &namespace)
+            .create(&post, &role)
+            .await
+            .context("creating the leader Role")?;
+        let role_binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(leader.into()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: leader.into(),
+            },
+            subjects,
+        };
+        Api::<RoleBinding>::namespaced(client.clone(), &namespace)
+            .create(&post, &role_binding)
+            .await
+            .context("creating the leader RoleBinding")?;
+
+        let token = service_account_token(&client, &namespace, ACCOUNT).await?;
+        let kubeconfig = fx.root.join("service-account.kubeconfig");
+        kubeconfig::write_with_token(&admin_kubeconfig(), &token, &kubeconfig)?;
+        Ok(Access {
+            client,
+            name,
+            kubeconfig,
+        })
+    }
+
+    /// A host config for the fixture that runs as this account.
+    fn host_config(&self, fx: &Fixture, flags: &[&str]) -> HostConfig {
+        let mut config = config_with(fx, flags);
+        config.kubeconfig = self.kubeconfig.clone();
+        config
+    }
+
+    /// Deletes the cluster-scoped objects and waits until they are gone.
+    async fn revoke(self) -> anyhow::Result<()> {
+        let roles: Api<ClusterRole> = Api::all(self.client.clone());
+        let bindings: Api<ClusterRoleBinding> = Api::all(self.client.clone());
+        let _ = bindings.delete(&self.name, &DeleteParams::default()).await;
+        let _ = roles.delete(&self.name, &DeleteParams::default()).await;
+        wait_for(
+            &format!(
+                "ClusterRole and ClusterRoleBinding {} to be gone",
+                self.name
+            ),
+            WAIT,
+            || async {
+                let gone = bindings.get_opt(&self.name).await?.is_none()
+                    && roles.get_opt(&self.name).await?.is_none();
+                Ok(gone.then_some(()))
+            },
+        )
+        .await
+    }
+}
+
+/// Waits for an Event with `reason` about `name` in `namespace` whose note passes `check`;
+/// returns the note.
+async fn wait_event(
+    fx: &Fixture,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+    check: impl Fn(&str) -> bool,
+) -> anyhow::Result<String> {
+    wait_for(
+        &format!("Event {reason} on {namespace}/{name}"),
+        WAIT,
+        || async {
+            let events = fx.events(namespace, name).await?;
+            Ok(events
+                .into_iter()
+                .find(|(r, note)| r == reason && check(note))
+                .map(|(_, note)| note))
+        },
+    )
+    .await
+}
+
+/// Removes our finalizer from a claim by hand, as an admin would; conflicts (the PVC
+/// protection controller edits finalizers too) are retried on a fresh copy.
+async fn remove_claim_finalizer_by_hand(fx: &Fixture, name: &str) -> anyhow::Result<()> {
+    let claims = fx.claims();
+    wait_for(
+        &format!("our finalizer removed by hand from claim {name}"),
+        WAIT,
+        || async {
+            let Some(claim) = claims.get_opt(name).await? else {
+                return Ok(Some(()));
+            };
+            if !has_finalizer(&claim, FINALIZER_CLAIM) {
+                return Ok(Some(()));
+            }
+            let finalizers: Vec<&String> = claim
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER_CLAIM)
+                .collect();
+            let patch = json!({ "metadata": {
+                "resourceVersion": claim.resource_version(),
+                "finalizers": finalizers,
+            }});
+            match claims
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Ok(Some(())),
+                Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+                Err(error) => Err(error.into()),
+            }
+        },
+    )
+    .await
+}
+
+/// The host with exactly the RBAC of `deploy/rbac.yaml`, leader election on: it takes
+/// the Lease, provisions, records Events, adds the PV finalizer and deletes the volume,
+/// and the API never refuses it anything.
+#[tokio::test]
+async fn deploy_rbac_is_enough() {
+    scenario("deploy-rbac", async |fx| {
+        let (cluster_rules, leader_rules) = deploy_rules()?;
+        let access = Access::grant(fx, cluster_rules, leader_rules).await?;
+        fx.install_module("test-echo", "echo");
+        let class = fx
+            .class("echo", &[], json!({ "reclaimPolicy": "Delete" }))
+            .await?;
+        let namespace_flag = format!("--leader-election-namespace={}", fx.ctx.namespace);
+        let config = access.host_config(fx, &["--leader-elect=true", &namespace_flag]);
+        ensure!(
+            !config.args.iter().any(|a| a == "--leader-elect=false"),
+            "{:?}",
+            config.args
+        );
+        let host = Host::start(&config)?;
+
+        wait_for("the host to lead", WAIT, || async {
+            Ok((host.metric("wasm_provisioner_leader") == Some(1.0)).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        let lease = Api::<Lease>::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace)
+            .get(&fx.provisioner.replace('/', "-"))
+            .await
+            .context("the leader Lease in the fixture namespace")?;
+        let holder = lease.spec.and_then(|s| s.holder_identity);
+        ensure!(
+            holder.as_deref().is_some_and(|h| !h.is_empty()),
+            "the Lease has a holder: {holder:?}"
+        );
+
+        let claim = fx.claim("data", &class, "1Gi", json!({})).await?;
+        let pv = fx
+            .wait_bound("data")
+            .await
+            .with_context(|| log_tail(&host))?;
+        let pv_name = pv.name_any();
+        ensure!(pv_name == format!("pvc-{}", claim.uid().unwrap_or_default()));
+        let note = fx
+            .wait_claim_event("data", "ProvisioningSucceeded")
+            .await
+            .with_context(|| log_tail(&host))?;
+        ensure!(note.contains(&pv_name), "{note}");
+        fx.wait_claim("data", "our finalizer removed", |c| {
+            c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
+        })
+        .await?;
+        let volumes = fx.volumes();
+        wait_for("the PV protection finalizer", WAIT, || async {
+            Ok(has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+
+        fx.claims().delete("data", &DeleteParams::default()).await?;
+        fx.wait_volume_gone(&pv_name)
+            .await
+            .with_context(|| log_tail(&host))?;
+        ensure!(
+            guest_calls(&host, "delete", "echo", "ok") == 1.0,
+            "the backend volume was deleted through the plugin\n{}",
+            log_tail(&host)
+        );
+
+        // Nothing was refused on the way, Events included (a refused Event is only
+        // logged, never fails an operation).
+        let log = host.log_text();
+        for refused in ["forbidden", "could not record an event"] {
+            ensure!(
+                !log.to_lowercase().contains(refused),
+                "the host was refused something ({refused:?}): the deploy RBAC is not enough\n{}",
+                log_tail(&host)
+            );
+        }
+        drop(host);
+        access.revoke().await
+    })
+    .await;
+}
+
+/// The PV create is forbidden: after `--pv-save-retries` tries the host deletes the
+/// backend volume the plugin made, says so in a Warning Event, and lets the claim go.
+/// `--failed-provision-threshold=2` makes the host give up after two such rounds, so
+/// the end state is stable when it is checked (while retrying, a round may be making
+/// the directory again).
+#[tokio::test]
+async fn pv_that_cannot_be_saved_is_cleaned_up() {
+    scenario("pv-unsaved", async |fx| {
+        let (mut cluster_rules, leader_rules) = deploy_rules()?;
+        without_verb(&mut cluster_rules, "persistentvolumes", "create")?;
+        let access = Access::grant(fx, cluster_rules, leader_rules).await?;
+        fx.install_module("hostpath", "hostpath");
+        let class = fx
+            .class("hostpath", &[("nodePath", "/srv/x")], json!({}))
+            .await?;
+        let host = Host::start(&access.host_config(
+            fx,
+            &[
+                "--pv-save-retries=2",
+                "--pv-save-interval=1s",
+                "--failed-provision-threshold=2",
+            ],
+        ))?;
+        let claim = fx.claim("data", &class, "1Gi", json!({})).await?;
+        let uid = claim.uid().unwrap_or_default();
+        let pv_name = format!("pvc-{uid}");
+        let dir = fx.module_data("hostpath").join(&pv_name);
+
+        let note = wait_event(fx, &fx.ctx.namespace, "data", "ProvisioningFailed", |n| {
+            n.contains("backend volume was deleted")
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        ensure!(note.contains(&pv_name), "the note names the volume: {note}");
+        ensure!(note.contains("2 tries"), "two tries to save the PV: {note}");
+        ensure!(
+            note.to_lowercase().contains("forbidden"),
+            "the note says why the PV was not saved: {note}"
+        );
+        let note = wait_event(fx, &fx.ctx.namespace, "data", "ProvisioningFailed", |n| {
+            n.contains("gave up")
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        ensure!(note.contains("2 failed attempts"), "{note}");
+
+        // The plugin made the directory each round and the host deleted it each round.
+        let made = guest_calls(&host, "provision", "hostpath", "ok");
+        let deleted = guest_calls(&host, "delete", "hostpath", "ok");
+        ensure!(
+            made >= 1.0 && made == deleted,
+            "every volume made was deleted: {made} provisioned, {deleted} deleted\n{}",
+            log_tail(&host)
+        );
+        ensure!(
+            !dir.exists(),
+            "{} survived a PV that could not be saved\n{}",
+            dir.display(),
+            log_tail(&host)
+        );
+        ensure!(
+            std::fs::read_dir(fx.module_data("hostpath"))?
+                .next()
+                .is_none(),
+            "nothing is left in the hostpath data directory"
+        );
+        ensure!(
+            fx.volumes().get_opt(&pv_name).await?.is_none(),
+            "no PV {pv_name} exists"
+        );
+        fx.wait_claim("data", "our finalizer removed after the cleanup", |c| {
+            c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        let claim = fx.claims().get("data").await?;
+        ensure!(
+            claim.spec.and_then(|s| s.volume_name).is_none(),
+            "the claim is not bound"
+        );
+
+        drop(host);
+        access.revoke().await
+    })
+    .await;
+}
+
+/// The PV create is forbidden and the plugin's delete fails too: the host warns with
+/// ProvisioningCleanupFailed and keeps our finalizer, so the deleted claim cannot vanish
+/// while its backend volume may exist.
+#[tokio::test]
+async fn cleanup_failure_keeps_the_claim_protected() {
+    scenario("cleanup-failed", async |fx| {
+        let (mut cluster_rules, leader_rules) = deploy_rules()?;
+        without_verb(&mut cluster_rules, "persistentvolumes", "create")?;
+        let access = Access::grant(fx, cluster_rules, leader_rules).await?;
+        fx.install_module("test-echo", "echo");
+        let class = fx
+            .class("echo", &[("deleteOutcome", "failed")], json!({}))
+            .await?;
+        let host = Host::start(
+            &access.host_config(fx, &["--pv-save-retries=2", "--pv-save-interval=1s"]),
+        )?;
+        fx.claim("data", &class, "1Gi", json!({})).await?;
+
+        let note = fx
+            .wait_claim_event("data", "ProvisioningCleanupFailed")
+            .await
+            .with_context(|| log_tail(&host))?;
+        ensure!(
+            note.contains("please delete") || note.contains("delete the volume manually"),
+            "the note tells the user what to do: {note}"
+        );
+        ensure!(
+            note.contains("echo: failed"),
+            "the note has the cause: {note}"
+        );
+        let claim = fx.claims().get("data").await?;
+        ensure!(
+            has_finalizer(&claim, FINALIZER_CLAIM),
+            "the claim keeps our finalizer while its backend volume exists"
+        );
+
+        fx.claims().delete("data", &DeleteParams::default()).await?;
+        // The host keeps trying to clean up the deleted claim...
+        wait_for("the host to retry the cleanup", WAIT, || async {
+            Ok(host
+                .log_text()
+                .contains("is being deleted; cleaning up its backend volume")
+                .then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        // ...and the claim stays, protected, all along.
+        let watched = Instant::now();
+        while watched.elapsed() < Duration::from_secs(4) {
+            let claim = fx.claims().get_opt("data").await?.ok_or_else(|| {
+                anyhow!(
+                    "the claim vanished with its backend volume\n{}",
+                    log_tail(&host)
+                )
+            })?;
+            ensure!(
+                claim.metadata.deletion_timestamp.is_some(),
+                "the claim is being deleted"
+            );
+            ensure!(
+                has_finalizer(&claim, FINALIZER_CLAIM),
+                "the deleted claim keeps our finalizer\n{}",
+                log_tail(&host)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+
+        // An admin who deleted the volume by hand lets the claim go.
+        remove_claim_finalizer_by_hand(fx, "data").await?;
+        fx.wait_claim("data", "gone once the finalizer is removed", |c| {
+            c.is_none()
+        })
+        .await?;
+        drop(host);
+        access.revoke().await
+    })
+    .await;
+}
+
+/// The plugin fails to delete a released volume: a VolumeFailedDelete Event on the PV,
+/// retries, and the PV kept with its finalizer; switching it to Retain releases it.
+#[tokio::test]
+async fn failed_delete_is_reported_and_retried() {
+    scenario("delete-failed", async |fx| {
+        fx.install_module("test-echo", "echo");
+        let class = fx
+            .class(
+                "echo",
+                &[("deleteOutcome", "failed")],
+                json!({ "reclaimPolicy": "Delete" }),
+            )
+            .await?;
+        let host = fx.host(&[]);
+        fx.claim("data", &class, "1Gi", json!({})).await?;
+        let pv_name = fx
+            .wait_bound("data")
+            .await
+            .with_context(|| log_tail(&host))?
+            .name_any();
+        let volumes = fx.volumes();
+        wait_for("the PV protection finalizer", WAIT, || async {
+            Ok(has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+
+        fx.claims().delete("data", &DeleteParams::default()).await?;
+        let note = wait_event(fx, "default", &pv_name, "VolumeFailedDelete", |_| true)
+            .await
+            .with_context(|| log_tail(&host))?;
+        ensure!(
+            note.contains("echo: failed"),
+            "the note has the plugin's message: {note}"
+        );
+        wait_for("the delete to be retried", WAIT, || async {
+            Ok((guest_calls(&host, "delete", "echo", "failed") >= 2.0).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        let pv = volumes.get(&pv_name).await?;
+        let phase = pv.status.as_ref().and_then(|s| s.phase.clone());
+        ensure!(
+            phase.as_deref() == Some("Released"),
+            "the PV is kept, Released: {phase:?}"
+        );
+        ensure!(
+            has_finalizer(&pv, FINALIZER_PV),
+            "the PV keeps the protection finalizer"
+        );
+        ensure!(
+            pv.metadata.deletion_timestamp.is_none(),
+            "the PV is not being deleted"
+        );
+
+        // Retain: the backend volume must be left alone and the PV free to go.
+        volumes
+            .patch(
+                &pv_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "persistentVolumeReclaimPolicy": "Retain" } })),
+            )
+            .await?;
+        wait_for("the host to remove the PV finalizer", WAIT, || async {
+            Ok((!has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV)).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        // No delete is attempted any more (a retry already scheduled finds Retain).
+        let failed = guest_calls(&host, "delete", "echo", "failed");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        ensure!(
+            guest_calls(&host, "delete", "echo", "failed") == failed,
+            "a Retain volume must not be deleted\n{}",
+            log_tail(&host)
+        );
+        ensure!(guest_calls(&host, "delete", "echo", "ok") == 0.0);
+
+        volumes.delete(&pv_name, &DeleteParams::default()).await?;
+        fx.wait_volume_gone(&pv_name).await?;
+        drop(host);
+        Ok(())
+    })
+    .await;
+}
+
+/// The module that made a volume is gone when the volume must be deleted: the PV stays
+/// with a VolumeFailedDelete Event naming the module, and once the module is back the
+/// volume is deleted.
+#[tokio::test]
+async fn module_missing_at_delete_time_keeps_the_volume() {
+    scenario("module-missing", async |fx| {
+        fx.install_module("test-echo", "echo");
+        let class = fx
+            .class("echo", &[], json!({ "reclaimPolicy": "Delete" }))
+            .await?;
+        let host = fx.host(&[]);
+        fx.claim("data", &class, "1Gi", json!({})).await?;
+        let pv_name = fx
+            .wait_bound("data")
+            .await
+            .with_context(|| log_tail(&host))?
+            .name_any();
+        let volumes = fx.volumes();
+        wait_for("the PV protection finalizer", WAIT, || async {
+            Ok(has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+
+        fx.remove_module("echo");
+        wait_for(
+            "the reload to drop module echo",
+            Duration::from_secs(10),
+            || async {
+                let removals =
+                    host.metric("wasm_provisioner_module_removals_total{module=\"echo\"}");
+                Ok((removals == Some(1.0)).then_some(()))
+            },
+        )
+        .await
+        .with_context(|| log_tail(&host))?;
+
+        fx.claims().delete("data", &DeleteParams::default()).await?;
+        let note = wait_event(fx, "default", &pv_name, "VolumeFailedDelete", |_| true)
+            .await
+            .with_context(|| log_tail(&host))?;
+        ensure!(note.contains("echo"), "the note names the module: {note}");
+        // Kept while the module is missing, through more than one retry.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let pv = volumes
+            .get_opt(&pv_name)
+            .await?
+            .ok_or_else(|| anyhow!("the PV of a volume nobody could delete vanished"))?;
+        ensure!(
+            has_finalizer(&pv, FINALIZER_PV),
+            "the PV keeps its finalizer"
+        );
+        ensure!(guest_calls(&host, "delete", "echo", "ok") == 0.0);
+
+        fx.install_module("test-echo", "echo");
+        fx.wait_volume_gone(&pv_name)
+            .await
+            .with_context(|| log_tail(&host))?;
+        ensure!(
+            guest_calls(&host, "delete", "echo", "ok") == 1.0,
+            "the module that came back deleted the backend volume\n{}",
+            log_tail(&host)
+        );
+        drop(host);
+        Ok(())
+    })
+    .await;
+}
