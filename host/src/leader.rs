@@ -15,10 +15,10 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 
-/// Seed defaults: lease 15 s, renew deadline 10 s. (The seed's 2 s retry period has no
-/// counterpart: kube-lease-manager watches the Lease instead of polling it.)
+/// Seed defaults: lease 15 s, renew deadline 10 s, retry 2 s.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -47,6 +47,8 @@ pub struct Settings {
     pub identity: String,
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
+    /// How often a standby tries to take the lease.
+    pub retry_period: Duration,
 }
 
 /// The Lease name for a provisioner name: `/` is not allowed in object names.
@@ -81,6 +83,10 @@ impl Settings {
 /// Waits to become leader, then runs `work` with a token that is cancelled when the
 /// lease is lost or `shutdown` fires. On shutdown it waits for `work` to return, then
 /// releases the lease. Returns `Err(Error::Lost)` when the lease was lost.
+///
+/// A standby re-checks the Lease every `retry_period` (kube-lease-manager on its own
+/// would sleep until the holder's lease expires), so a released lease is taken over
+/// within about one retry period, as with client-go's leader election.
 pub async fn run_as_leader<W, F>(
     client: Client,
     settings: Settings,
@@ -98,85 +104,86 @@ where
         name: settings.lease_name.clone(),
         source,
     };
-    let manager = LeaseManagerBuilder::new(client, &settings.lease_name)
-        .with_namespace(&settings.namespace)
-        .with_identity(&settings.identity)
-        .with_duration(duration)
-        .with_grace(grace)
-        .build()
-        .await
-        .map_err(lease_error)?;
-    let (mut leading, election) = manager.watch().await;
     info!(lease = %settings.lease_name, namespace = %settings.namespace, identity = %settings.identity, "waiting to become leader");
-
-    loop {
-        if *leading.borrow_and_update() {
-            break;
-        }
+    // Standby: every retry period, read the Lease afresh and try to take it. (A
+    // LeaseManager trusts its last reading until the holder's lease would expire, so a
+    // long-lived one would notice a released lease only then; a fresh one sees it now.)
+    let manager = loop {
+        let attempt = async {
+            let manager = LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+                .with_namespace(&settings.namespace)
+                .with_identity(&settings.identity)
+                .with_duration(duration)
+                .with_grace(grace)
+                .build()
+                .await?;
+            match tokio::time::timeout(settings.retry_period, manager.changed()).await {
+                Ok(Ok(true)) => Ok(Some(manager)),
+                Ok(Ok(false)) | Err(_) => Ok(None),
+                Ok(Err(error)) => Err(error),
+            }
+        };
         tokio::select! {
-            changed = leading.changed() => {
-                if changed.is_err() {
-                    return finish(election, &settings, lease_error).await;
+            _ = shutdown.cancelled() => return Ok(()),
+            result = attempt => match result {
+                Ok(Some(manager)) => break manager,
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(error = %lease_error(error), "leader election: retrying");
+                    tokio::time::sleep(settings.retry_period).await;
                 }
-            }
-            _ = shutdown.cancelled() => {
-                drop(leading);
-                return finish(election, &settings, lease_error).await;
-            }
+            },
         }
-    }
+    };
 
     info!(lease = %settings.lease_name, identity = %settings.identity, "became leader");
     metrics.leader.set(1);
     let work_token = shutdown.child_token();
     let mut task = tokio::spawn(work(work_token.clone()));
     let mut lost = false;
+    // Leader: keep renewing; errors for longer than the renew deadline mean the lease
+    // may have gone to another replica, which counts as lost.
+    let mut failing_since: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            changed = leading.changed() => {
-                if changed.is_err() || !*leading.borrow_and_update() {
+            renewed = manager.changed() => match renewed {
+                Ok(true) => failing_since = None,
+                Ok(false) => {
                     warn!(lease = %settings.lease_name, identity = %settings.identity, "lost the leader lease, stopping work");
                     lost = true;
-                    work_token.cancel();
                     break;
                 }
-            }
+                Err(error) => {
+                    let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                    warn!(%error, lease = %settings.lease_name, "cannot renew the leader lease");
+                    if since.elapsed() >= settings.renew_deadline {
+                        lost = true;
+                        break;
+                    }
+                    tokio::time::sleep(settings.retry_period).await;
+                }
+            },
             _ = shutdown.cancelled() => {
                 info!("shutting down: letting in-flight operations finish");
                 break;
             }
-            _ = &mut task => {
-                break;
-            }
+            _ = &mut task => break,
         }
+    }
+    if lost {
+        work_token.cancel();
     }
     let _ = task.await;
     metrics.leader.set(0);
-    drop(leading);
-    finish(election, &settings, lease_error).await?;
     if lost {
         return Err(Error::Lost {
             namespace: settings.namespace.clone(),
             name: settings.lease_name.clone(),
         });
     }
+    manager.release().await.map_err(lease_error)?;
+    info!(lease = %settings.lease_name, "released the leader lease");
     Ok(())
-}
-
-/// Waits for the election task, which releases the lease once the channel is closed.
-async fn finish(
-    election: tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
-    settings: &Settings,
-    lease_error: impl Fn(kube_lease_manager::LeaseManagerError) -> Error,
-) -> Result<(), Error> {
-    match election.await {
-        Ok(Ok(_)) => {
-            info!(lease = %settings.lease_name, "released the leader lease");
-            Ok(())
-        }
-        Ok(Err(error)) => Err(lease_error(error)),
-        Err(join) => Err(Error::Settings(format!("the election task failed: {join}"))),
-    }
 }
 
 #[cfg(test)]
@@ -190,6 +197,7 @@ mod tests {
             identity: "me".into(),
             lease_duration: Duration::from_secs(duration),
             renew_deadline: Duration::from_secs(renew),
+            retry_period: DEFAULT_RETRY_PERIOD,
         }
     }
 

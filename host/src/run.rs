@@ -108,6 +108,10 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub leader_election_renew_deadline: Duration,
 
+    /// How often a standby tries to take the lease (and a leader retries a failed renew).
+    #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub leader_election_retry_period: Duration,
+
     /// Address for /metrics, /healthz and /readyz, such as 0.0.0.0:8080; off when empty.
     #[arg(long, env = "WASM_PROVISIONER_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
@@ -253,6 +257,7 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
             identity,
             lease_duration: args.leader_election_lease_duration,
             renew_deadline: args.leader_election_renew_deadline,
+            retry_period: args.leader_election_retry_period,
         };
         // A standby is ready: it serves its endpoint and stands by to lead.
         health

@@ -105,8 +105,9 @@ async fn leader_hands_over_between_two_hosts() -> anyhow::Result<()> {
     let class = fx.class("echo", &[], json!({})).await?;
     let election = [
         "--leader-elect=true",
-        "--leader-election-lease-duration=4s",
-        "--leader-election-renew-deadline=3s",
+        // A long lease: a take-over faster than it proves the leader released it.
+        "--leader-election-lease-duration=30s",
+        "--leader-election-renew-deadline=20s",
     ];
     let namespace_flag = format!("--leader-election-namespace={}", fx.ctx.namespace);
     let flags = |config: &mut wasm_provisioner_tests::host::HostConfig| {
@@ -139,11 +140,18 @@ async fn leader_hands_over_between_two_hosts() -> anyhow::Result<()> {
         first.log_text()
     );
     wait_for(
-        "the second host to take over",
-        Duration::from_secs(20),
+        "the second host to take over before the 30 s lease could expire",
+        Duration::from_secs(10),
         || async { Ok((leader_gauge(&second) == Some(1.0)).then_some(())) },
     )
-    .await?;
+    .await
+    .unwrap_or_else(|error| {
+        panic!(
+            "{error:#}\n--- first host ---\n{}\n--- second host ---\n{}",
+            first.log_text(),
+            second.log_text()
+        )
+    });
     fx.claim("two", &class, "1Gi", json!({})).await?;
     fx.wait_bound("two").await?;
 
@@ -166,7 +174,7 @@ async fn leader_hands_over_between_two_hosts() -> anyhow::Result<()> {
             }})),
         )
         .await?;
-    let status = second.wait(Duration::from_secs(30))?;
+    let status = second.wait(Duration::from_secs(45))?;
     assert!(
         !status.success(),
         "losing the lease exits non-zero: {status:?}"
