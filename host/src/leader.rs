@@ -144,6 +144,7 @@ where
     // Leader: keep renewing; errors for longer than the renew deadline mean the lease
     // may have gone to another replica, which counts as lost.
     let mut failing_since: Option<tokio::time::Instant> = None;
+    let mut work_done = false;
     loop {
         tokio::select! {
             renewed = manager.changed() => match renewed {
@@ -167,13 +168,18 @@ where
                 info!("shutting down: letting in-flight operations finish");
                 break;
             }
-            _ = &mut task => break,
+            _ = &mut task => {
+                work_done = true;
+                break;
+            }
         }
     }
     if lost {
         work_token.cancel();
     }
-    let _ = task.await;
+    if !work_done {
+        let _ = task.await;
+    }
     metrics.leader.set(0);
     if lost {
         return Err(Error::Lost {

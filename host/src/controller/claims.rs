@@ -28,6 +28,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::Context;
+use super::finalizers::{self, Edited};
 use super::retry::Next;
 use crate::decide::{self, ProvisionDecision, SkipProvision};
 use crate::names;
@@ -809,54 +810,25 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
     }
 }
 
-/// Applies `edit` to the claim's finalizers with optimistic concurrency, re-reading the
-/// claim on a conflict.
-async fn edit_claim_finalizers(
+/// Adds or removes our finalizer; returns the claim as it now is.
+async fn set_claim_finalizer(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
-    edit: impl Fn(&mut Vec<String>) -> bool,
+    add: bool,
 ) -> Result<PersistentVolumeClaim, Error> {
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
-    let mut current = claim.clone();
-    for _ in 0..5 {
-        let mut finalizers = current.metadata.finalizers.clone().unwrap_or_default();
-        if !edit(&mut finalizers) {
-            return Ok(current);
-        }
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": current.resource_version(),
-                "finalizers": finalizers,
-            }
-        });
-        match api
-            .patch(
-                &current.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(updated) => return Ok(updated),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                match api
-                    .get_opt(&current.name_any())
-                    .await
-                    .map_err(|e| Error::api(claim, e))?
-                {
-                    Some(fresh) if fresh.uid() == claim.uid() => current = fresh,
-                    _ => return Ok(current),
-                }
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(current),
-            Err(error) => return Err(Error::api(claim, error)),
-        }
+    match finalizers::set(&api, claim, names::FINALIZER_CLAIM_PROVISIONING, add)
+        .await
+        .map_err(|e| Error::api(claim, e))?
+    {
+        Edited::Done(claim) => Ok(claim),
+        Edited::Gone => Ok(claim.clone()),
+        Edited::Busy => Err(Error::Save {
+            claim: request::claim_key(claim),
+            message: "the claim kept changing while its finalizers were updated; will retry".into(),
+        }),
     }
-    Err(Error::Save {
-        claim: request::claim_key(claim),
-        message: "the claim kept changing while its finalizers were updated; will retry".into(),
-    })
 }
 
 /// Adds our finalizer; returns the claim as it now is.
@@ -864,32 +836,13 @@ async fn add_claim_finalizer(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
 ) -> Result<PersistentVolumeClaim, Error> {
-    edit_claim_finalizers(ctx, claim, |finalizers| {
-        if finalizers
-            .iter()
-            .any(|f| f == names::FINALIZER_CLAIM_PROVISIONING)
-        {
-            return false;
-        }
-        finalizers.push(names::FINALIZER_CLAIM_PROVISIONING.to_string());
-        true
-    })
-    .await
+    set_claim_finalizer(ctx, claim, true).await
 }
 
 /// Removes our finalizer. `claim` must be as fresh as the last write of ours to it (a
 /// stale copy without the finalizer would make this a no-op).
 async fn remove_claim_finalizer(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), Error> {
-    if !decide::has_finalizer(&claim.metadata, names::FINALIZER_CLAIM_PROVISIONING) {
-        return Ok(());
-    }
-    edit_claim_finalizers(ctx, claim, |finalizers| {
-        let before = finalizers.len();
-        finalizers.retain(|f| f != names::FINALIZER_CLAIM_PROVISIONING);
-        finalizers.len() != before
-    })
-    .await
-    .map(drop)
+    set_claim_finalizer(ctx, claim, false).await.map(drop)
 }
 
 /// Reschedule: drop the selected-node annotations so the scheduler picks again.

@@ -8,6 +8,7 @@
 
 pub mod claims;
 mod events;
+mod finalizers;
 pub mod retry;
 pub mod volumes;
 

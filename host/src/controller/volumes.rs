@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use tracing::{info, warn};
 
 use super::Context;
 use super::claims::observe_call;
+use super::finalizers::{self, Edited};
 use super::retry::Next;
 use crate::decide::{self, DeleteDecision, FinalizerAction};
 use crate::names;
@@ -231,52 +231,18 @@ async fn delete_failed(
     }
 }
 
-/// Adds or removes the protection finalizer with optimistic concurrency (the PV's
-/// resourceVersion), re-reading the PV on a conflict, so a concurrent change to its
-/// finalizers is never overwritten.
+/// Adds or removes the protection finalizer without overwriting others' finalizers.
 async fn edit_finalizer(ctx: &Context, pv: &PersistentVolume, add: bool) -> Result<(), Error> {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let mut current = pv.clone();
-    for _ in 0..5 {
-        let mut finalizers = current.metadata.finalizers.clone().unwrap_or_default();
-        let has = finalizers
-            .iter()
-            .any(|f| f == names::FINALIZER_PV_PROTECTION);
-        if has == add {
-            return Ok(());
-        }
-        if add {
-            finalizers.push(names::FINALIZER_PV_PROTECTION.to_string());
-        } else {
-            finalizers.retain(|f| f != names::FINALIZER_PV_PROTECTION);
-        }
-        let patch = json!({
-            "metadata": { "resourceVersion": current.resource_version(), "finalizers": finalizers }
-        });
-        match api
-            .patch(
-                &current.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                match api.get_opt(&current.name_any()).await {
-                    Ok(Some(fresh)) if fresh.uid() == pv.uid() => current = fresh,
-                    Ok(_) => return Ok(()),
-                    Err(error) => return Err(api_error(pv, error)),
-                }
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(error) => return Err(api_error(pv, error)),
-        }
+    let edited = finalizers::set(&api, pv, names::FINALIZER_PV_PROTECTION, add)
+        .await
+        .map_err(|e| api_error(pv, e))?;
+    if let Edited::Busy = edited {
+        warn!(
+            volume = pv.name_any(),
+            "the volume kept changing while its finalizers were updated; will retry"
+        );
     }
-    warn!(
-        volume = pv.name_any(),
-        "the volume kept changing while its finalizers were updated; will retry"
-    );
     Ok(())
 }
 
