@@ -32,7 +32,7 @@ use super::finalizers::{self, Edited};
 use super::retry::Next;
 use crate::decide::{self, ProvisionDecision, SkipProvision};
 use crate::names;
-use crate::plugin::types::{PluginInfo, ProvisionError, ProvisionRequest, Volume};
+use crate::plugin::types::{DeleteError, PluginInfo, ProvisionError, ProvisionRequest, Volume};
 use crate::plugin::{Call, CallError, LoadedModule};
 use crate::{request, volume};
 
@@ -343,6 +343,26 @@ fn provision_error_label(error: &ProvisionError) -> &'static str {
     }
 }
 
+/// The metric outcome of a `provision` call: "ok", the plugin's error variant, or the
+/// sandbox failure.
+fn provision_outcome(answer: &Result<Result<Volume, ProvisionError>, CallError>) -> &'static str {
+    match answer {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(error)) => provision_error_label(error),
+        Err(error) => error.metric_label(),
+    }
+}
+
+/// The metric outcome of a `delete` call.
+pub(super) fn delete_outcome(answer: &Result<Result<(), DeleteError>, CallError>) -> &'static str {
+    match answer {
+        Ok(Ok(())) => "ok",
+        Ok(Err(DeleteError::Ignored(_))) => "ignored",
+        Ok(Err(DeleteError::Failed(_))) => "failed",
+        Err(error) => error.metric_label(),
+    }
+}
+
 /// A host-side failure of a guest call (trap, timeout, ...): the backend may hold a
 /// half-made volume, so the finalizer stays, like in-background.
 async fn call_failed(
@@ -425,12 +445,13 @@ async fn provision(
 
     let started = Instant::now();
     let answer = module.provision(&request).await;
-    let outcome = match &answer {
-        Ok(Ok(_)) => "ok",
-        Ok(Err(error)) => provision_error_label(error),
-        Err(error) => error.metric_label(),
-    };
-    observe_call(ctx, module, Call::Provision, started, outcome);
+    observe_call(
+        ctx,
+        module,
+        Call::Provision,
+        started,
+        provision_outcome(&answer),
+    );
 
     let volume = match answer {
         Err(source) => return Err(call_failed(ctx, claim, class, source).await),
@@ -593,12 +614,7 @@ async fn publish(
             let delete = volume::delete_request(&pv, Some(class))?;
             let started = Instant::now();
             let answer = module.delete(&delete).await;
-            let outcome = match &answer {
-                Ok(Ok(())) => "ok",
-                Ok(Err(_)) => "failed",
-                Err(error) => error.metric_label(),
-            };
-            observe_call(ctx, module, Call::Delete, started, outcome);
+            observe_call(ctx, module, Call::Delete, started, delete_outcome(&answer));
             match answer {
                 Ok(Ok(())) => {
                     ctx.events
@@ -723,11 +739,7 @@ async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action,
         &module,
         Call::Provision,
         started,
-        match &answer {
-            Ok(Ok(_)) => "ok",
-            Ok(Err(error)) => provision_error_label(error),
-            Err(error) => error.metric_label(),
-        },
+        provision_outcome(&answer),
     );
     match answer {
         Ok(Ok(volume)) => {
@@ -741,17 +753,7 @@ async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action,
             let delete = volume::delete_request(&pv, Some(&class))?;
             let started = Instant::now();
             let answer = module.delete(&delete).await;
-            observe_call(
-                ctx,
-                &module,
-                Call::Delete,
-                started,
-                match &answer {
-                    Ok(Ok(())) => "ok",
-                    Ok(Err(_)) => "failed",
-                    Err(error) => error.metric_label(),
-                },
-            );
+            observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
             match answer {
                 Ok(Ok(())) => {
                     info!(claim = %claim_key, volume = %pv_name, "claim deleted mid-flight; its backend volume was deleted");

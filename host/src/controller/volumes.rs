@@ -17,7 +17,7 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::Context;
-use super::claims::observe_call;
+use super::claims::{delete_outcome, observe_call};
 use super::finalizers::{self, Edited};
 use super::retry::Next;
 use crate::decide::{self, DeleteDecision, FinalizerAction};
@@ -171,13 +171,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     let started = Instant::now();
     let answer = module.delete(&request).await;
     gauge.dec();
-    let outcome = match &answer {
-        Ok(Ok(())) => "ok",
-        Ok(Err(DeleteError::Ignored(_))) => "ignored",
-        Ok(Err(DeleteError::Failed(_))) => "failed",
-        Err(error) => error.metric_label(),
-    };
-    observe_call(ctx, &module, Call::Delete, started, outcome);
+    observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
     match answer {
         Ok(Ok(())) => {}
         Ok(Err(DeleteError::Ignored(message))) => {
