@@ -297,7 +297,7 @@ async fn resolve_module(
 }
 
 /// Runs one guest call, recording its duration and outcome.
-async fn call<T>(
+pub(super) async fn call<T>(
     ctx: &Context,
     module: &LoadedModule,
     call: Call,
@@ -371,17 +371,11 @@ async fn call_failed(
     class: &StorageClass,
     source: CallError,
 ) -> Error {
-    provision_failed_metric(ctx, claim, class);
-    ctx.events
-        .claim_warning(
-            claim,
-            names::REASON_PROVISIONING_FAILED,
-            format!(
-                "failed to provision volume with StorageClass {:?}: {source}",
-                class.name_any()
-            ),
-        )
-        .await;
+    let note = format!(
+        "failed to provision volume with StorageClass {:?}: {source}",
+        class.name_any()
+    );
+    attempt_failed(ctx, claim, class, note).await;
     Error::Call {
         claim: request::claim_key(claim),
         source,
@@ -405,11 +399,24 @@ fn provision_failed_metric(ctx: &Context, claim: &PersistentVolumeClaim, class: 
         .inc();
 }
 
-/// Decrements the in-flight gauge when dropped.
-struct InFlight<'a>(&'a prometheus::IntGauge);
+/// One failed provision attempt: counted, and told on the claim as ProvisioningFailed.
+async fn attempt_failed(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    note: String,
+) {
+    provision_failed_metric(ctx, claim, class);
+    ctx.events
+        .claim_warning(claim, names::REASON_PROVISIONING_FAILED, note)
+        .await;
+}
+
+/// Decrements the in-flight gauge when dropped (also when the operation is cancelled).
+pub(super) struct InFlight<'a>(&'a prometheus::IntGauge);
 
 impl<'a> InFlight<'a> {
-    fn start(gauge: &'a prometheus::IntGauge) -> Self {
+    pub(super) fn start(gauge: &'a prometheus::IntGauge) -> Self {
         gauge.inc();
         Self(gauge)
     }
@@ -493,17 +500,11 @@ async fn provision_refused(
         return Ok(resync(ctx));
     }
 
-    provision_failed_metric(ctx, claim, class);
-    ctx.events
-        .claim_warning(
-            claim,
-            names::REASON_PROVISIONING_FAILED,
-            format!(
-                "failed to provision volume with StorageClass {:?}: {message}",
-                class.name_any()
-            ),
-        )
-        .await;
+    let note = format!(
+        "failed to provision volume with StorageClass {:?}: {message}",
+        class.name_any()
+    );
+    attempt_failed(ctx, claim, class, note).await;
     match error {
         // The backend may still be working: keep the finalizer, retry.
         ProvisionError::InBackground(_) => {}
@@ -553,17 +554,11 @@ async fn publish(
         Err(error) => {
             // The answer cannot be published; the backend volume stays behind our
             // finalizer (the cleanup path deletes it if the claim goes).
-            provision_failed_metric(ctx, claim, class);
-            ctx.events
-                .claim_warning(
-                    claim,
-                    names::REASON_PROVISIONING_FAILED,
-                    format!(
-                        "plugin {} answered a volume that cannot be published: {error}",
-                        module.name()
-                    ),
-                )
-                .await;
+            let note = format!(
+                "plugin {} answered a volume that cannot be published: {error}",
+                module.name()
+            );
+            attempt_failed(ctx, claim, class, note).await;
             return Err(error.into());
         }
     };
@@ -600,10 +595,7 @@ async fn publish(
         Saved::Conflict(message) => {
             // A PV of this name exists but is not this claim's live volume (one on its
             // way out): that PV's deletion owns the backend volume of the same name.
-            provision_failed_metric(ctx, claim, class);
-            ctx.events
-                .claim_warning(claim, names::REASON_PROVISIONING_FAILED, message.clone())
-                .await;
+            attempt_failed(ctx, claim, class, message.clone()).await;
             Err(Error::Save {
                 claim: claim_key,
                 message,

@@ -17,7 +17,7 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::Context;
-use super::claims::{delete_outcome, observe_call};
+use super::claims::{InFlight, call, delete_outcome, observe_call};
 use super::finalizers::{self, Edited};
 use super::retry::Next;
 use crate::decide::{self, DeleteDecision, FinalizerAction};
@@ -128,49 +128,33 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     }
     let volume_name = pv.name_any();
     let class = class_label(pv);
-    let fail = |message: String| Error::Delete {
-        volume: volume_name.clone(),
-        message,
-    };
     let module = match module_for(ctx, pv) {
         Ok(module) => module,
-        Err(message) => {
-            ctx.metrics
-                .delete_failed_total
-                .with_label_values(&[class.as_str()])
-                .inc();
-            ctx.events
-                .volume_warning(pv, names::REASON_VOLUME_FAILED_DELETE, message.clone())
-                .await;
-            return Err(fail(message));
-        }
+        Err(message) => return Err(delete_failed(ctx, pv, &class, message).await),
     };
     let request = volume::delete_request(pv, ctx.class(&class).as_deref())?;
 
-    let started = Instant::now();
-    match module.should_delete(&request).await {
+    match call(
+        ctx,
+        &module,
+        Call::ShouldDelete,
+        module.should_delete(&request),
+    )
+    .await
+    {
         Ok(true) => {}
         Ok(false) => {
             info!(volume = %volume_name, module = module.name(), "plugin declined to delete (should-delete said no)");
             return Ok(Action::await_change());
         }
-        Err(error) => {
-            observe_call(
-                ctx,
-                &module,
-                Call::ShouldDelete,
-                started,
-                error.metric_label(),
-            );
-            return Err(delete_failed(ctx, pv, &class, error.to_string()).await);
-        }
+        Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
     }
 
     let gauge = ctx.metrics.in_flight.with_label_values(&["delete"]);
-    gauge.inc();
+    let in_flight = InFlight::start(&gauge);
     let started = Instant::now();
     let answer = module.delete(&request).await;
-    gauge.dec();
+    drop(in_flight);
     observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
     match answer {
         Ok(Ok(())) => {}
