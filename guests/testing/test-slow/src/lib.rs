@@ -1,0 +1,52 @@
+//! A slow backend on purpose, for the fairness tests: `provision` takes class parameter
+//! `sleepMillis` (default 2000) before answering a hostPath volume
+//! `/srv/slow/<volume-name>`. `mode: sleep` (the default) waits on the WASI monotonic
+//! clock, as a guest waiting for a slow storage API would; `mode: spin` busy-waits,
+//! polling the clock, as a CPU-bound guest would. `delete` answers at once.
+use std::time::{Duration, Instant};
+
+use wasm_provisioner_sdk::{self as sdk, prelude::*};
+
+struct Slow;
+
+fn wait(params: &[(String, String)]) -> Result<(), ProvisionError> {
+    let params = Params::new(params);
+    let millis: u64 = params
+        .get_or("sleepMillis", "2000")
+        .parse()
+        .map_err(|_| ProvisionError::Infeasible("sleepMillis must be a number".into()))?;
+    let duration = Duration::from_millis(millis);
+    match params.get_or("mode", "sleep") {
+        "sleep" => std::thread::sleep(duration),
+        "spin" => {
+            let start = Instant::now();
+            while start.elapsed() < duration {
+                std::hint::spin_loop();
+            }
+        }
+        other => {
+            return Err(ProvisionError::Infeasible(format!(
+                "mode {other:?}: use sleep or spin"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Provisioner for Slow {
+    fn describe() -> PluginInfo {
+        PluginInfo::new("test-slow", env!("CARGO_PKG_VERSION"))
+    }
+    fn provision(req: &ProvisionRequest) -> Result<Volume, ProvisionError> {
+        wait(&req.class.parameters)?;
+        Ok(Volume::new(
+            req.claim.requested_bytes,
+            VolumeSource::host_path(format!("/srv/slow/{}", req.volume_name), None),
+        ))
+    }
+    fn delete(_req: &DeleteRequest) -> Result<(), DeleteError> {
+        Ok(())
+    }
+}
+
+sdk::export!(Slow);
