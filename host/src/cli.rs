@@ -145,7 +145,7 @@ pub fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
@@ -153,24 +153,33 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Runs a parsed command line.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs a parsed command line; the exit code of a success is 0, except for a `guest
+/// delete` still going on in the background
+/// ([`EXIT_DELETE_IN_BACKGROUND`](crate::guest_cli::EXIT_DELETE_IN_BACKGROUND)).
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run(args) => crate::run::run(&args.plugins, &args.controller).await,
+        Command::Run(args) => crate::run::run(&args.plugins, &args.controller)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Command::Guest(GuestArgs {
             command: GuestCommand::Provision(args),
         }) => {
             let pv = crate::guest_cli::provision(&args).await?;
             print!("{pv}");
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Guest(GuestArgs {
             command: GuestCommand::Delete(args),
-        }) => {
-            let summary = crate::guest_cli::delete(&args).await?;
-            println!("{summary}");
-            Ok(())
-        }
+        }) => match crate::guest_cli::delete(&args).await? {
+            crate::guest_cli::DeleteOutcome::Deleted(summary) => {
+                println!("{summary}");
+                Ok(ExitCode::SUCCESS)
+            }
+            crate::guest_cli::DeleteOutcome::InBackground(summary) => {
+                println!("{summary}");
+                Ok(ExitCode::from(crate::guest_cli::EXIT_DELETE_IN_BACKGROUND))
+            }
+        },
     }
 }
 

@@ -142,8 +142,22 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
     Ok(serde_yaml::to_string(&pv).expect("a PersistentVolume serializes to YAML"))
 }
 
-/// Runs `guest delete`; returns a one-line summary.
-pub async fn delete(args: &GuestDeleteArgs) -> Result<String, GuestCliError> {
+/// What `guest delete` achieved, when the plugin did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// The backend volume is gone (or archived): a one-line summary.
+    Deleted(String),
+    /// The plugin answered `in-background`: it made progress and will go on when asked
+    /// again. A one-line summary with the plugin's message; run the same command again.
+    InBackground(String),
+}
+
+/// Exit status of `guest delete` when the plugin answered `in-background`, so scripts
+/// can loop until it exits 0.
+pub const EXIT_DELETE_IN_BACKGROUND: u8 = 3;
+
+/// Runs `guest delete`.
+pub async fn delete(args: &GuestDeleteArgs) -> Result<DeleteOutcome, GuestCliError> {
     let pv: PersistentVolume = read_object("PersistentVolume", &args.volume)?;
     let class: Option<StorageClass> = args
         .class
@@ -173,10 +187,23 @@ pub async fn delete(args: &GuestDeleteArgs) -> Result<String, GuestCliError> {
     if !module.should_delete(&request).await? {
         return Err(declined(&module, "should-delete"));
     }
-    module.delete(&request).await?.map_err(|error| {
+    let answer = match module.delete(&request).await? {
+        Ok(()) => Ok(()),
+        Err(DeleteError::InBackground(message)) => {
+            return Ok(DeleteOutcome::InBackground(format!(
+                "the delete of the backend volume of {} continues in the background (module {}, version sha256:{}): {message}; run the same command again until it exits 0",
+                request.volume.name,
+                module.name(),
+                module.version()
+            )));
+        }
+        Err(error) => Err(error),
+    };
+    answer.map_err(|error| {
         let (outcome, message) = match error {
             DeleteError::Ignored(m) => ("ignored", m),
             DeleteError::Failed(m) => ("failed", m),
+            DeleteError::InBackground(m) => ("in-background", m),
         };
         GuestCliError::Delete {
             module: module.name().to_string(),
@@ -185,12 +212,12 @@ pub async fn delete(args: &GuestDeleteArgs) -> Result<String, GuestCliError> {
             message,
         }
     })?;
-    Ok(format!(
+    Ok(DeleteOutcome::Deleted(format!(
         "deleted the backend volume of {} with module {} (version sha256:{})",
         request.volume.name,
         module.name(),
         module.version()
-    ))
+    )))
 }
 
 /// The module to call: the flag, else the class's parameter, else the PV's annotation.

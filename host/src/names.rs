@@ -129,6 +129,9 @@ pub const REASON_PROVISIONING_GAVE_UP: &str = "ProvisioningGaveUp";
 pub const REASON_VOLUME_DELETED: &str = "VolumeDeleted";
 /// Warning, on the PV: the retry threshold for deleting was reached. (Our own.)
 pub const REASON_VOLUME_DELETE_GAVE_UP: &str = "VolumeDeleteGaveUp";
+/// Normal, on the PV, once per volume and host process: the plugin answered
+/// `in-background` (a large volume deleted in chunks); the host keeps asking. (Our own.)
+pub const REASON_VOLUME_DELETING: &str = "VolumeDeleting";
 
 /// Namespace of Events about cluster-scoped objects (PVs).
 pub const EVENT_NAMESPACE_CLUSTER_SCOPED: &str = "default";

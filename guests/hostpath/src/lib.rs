@@ -15,7 +15,14 @@ pub const ANN_GUEST_ROOT: &str = "hostpath/guest-root";
 /// PV annotation recording `onDelete` at provisioning time (used when the class is gone).
 pub const ANN_ON_DELETE: &str = "hostpath/on-delete";
 
-const KNOWN: &[&str] = &["guestRoot", "nodePath", "node", "pvType", "onDelete"];
+const KNOWN: &[&str] = &[
+    "guestRoot",
+    "nodePath",
+    "node",
+    "pvType",
+    "onDelete",
+    "deleteChunkEntries",
+];
 const DEFAULT_GUEST_ROOT: &str = "/volumes";
 const ON_DELETE: &[&str] = &["delete", "archive", "retain"];
 const NODE_PATH_HINT: &str =
@@ -41,6 +48,7 @@ pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
     let node_path = params.absolute_path("nodePath", None, NODE_PATH_HINT)?;
     let pv_type = params.one_of("pvType", &["hostPath", "local"], "hostPath")?;
     let on_delete = params.one_of("onDelete", ON_DELETE, "delete")?;
+    sdk::fs::Budget::from_params(&params)?;
     let name = path::check_pv_name(&req.volume_name)?;
 
     let claim = &req.claim;
@@ -194,18 +202,20 @@ impl Provisioner for HostPath {
         }
         check_root(&guest_root).map_err(DeleteError::Failed)?;
         let dir = path::join(&guest_root, name);
-        match fs::symlink_metadata(&dir) {
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                log::info!("directory already gone", volume = name, dir = dir);
-                return Ok(());
-            }
+        let exists = match fs::symlink_metadata(&dir) {
+            Err(e) if e.kind() == ErrorKind::NotFound => false,
             Err(e) => return Err(DeleteError::Failed(format!("checking {dir}: {e}"))),
             Ok(m) if !m.is_dir() => {
                 return Err(DeleteError::Failed(format!(
                     "{dir} is not a directory: refusing to delete it"
                 )));
             }
-            Ok(_) => {}
+            Ok(_) => true,
+        };
+        // A delete already under way has moved the directory to the trash: go on there.
+        if !exists && on_delete != "delete" {
+            log::info!("directory already gone", volume = name, dir = dir);
+            return Ok(());
         }
         match on_delete {
             "archive" => {
@@ -220,9 +230,12 @@ impl Provisioner for HostPath {
                 log::info!("archived", volume = name, to = archived);
             }
             "delete" => {
-                fs::remove_dir_all(&dir)
-                    .map_err(|e| DeleteError::Failed(format!("deleting {dir}: {e}")))?;
-                log::info!("deleted", volume = name, dir = dir);
+                let budget = sdk::fs::Budget::from_params(&class)?;
+                let root = sdk::fs::Dir::open(&guest_root)
+                    .map_err(|e| DeleteError::Failed(e.to_string()))?;
+                return sdk::fs::delete_volume_dir(&root, &root, name, name, budget)
+                    .map_err(|e| DeleteError::Failed(format!("deleting {dir}: {e}")))
+                    .and_then(|deletion| sdk::fs::delete_answer(name, &dir, deletion));
             }
             other => {
                 return Err(DeleteError::Failed(format!(

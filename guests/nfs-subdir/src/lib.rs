@@ -6,6 +6,7 @@
 //! directory `guestRoot/<subdir>`, published as an `nfs` PV `server:share/<subdir>`.
 //! Parameters and behaviour: see guests/README.md.
 
+pub mod owner;
 pub mod pattern;
 
 use std::fs;
@@ -16,6 +17,9 @@ use wasm_provisioner_sdk::{self as sdk, log, path, prelude::*};
 pub const ANN_SHARE: &str = "nfs-subdir/share";
 pub const ANN_GUEST_ROOT: &str = "nfs-subdir/guest-root";
 pub const ANN_ON_DELETE: &str = "nfs-subdir/on-delete";
+/// PV annotation: the volume's owner marker, relative to the share (see [`owner`]). A PV
+/// without it was made before markers existed.
+pub const ANN_OWNER_MARKER: &str = "nfs-subdir/owner-marker";
 
 const KNOWN: &[&str] = &[
     "server",
@@ -24,6 +28,7 @@ const KNOWN: &[&str] = &[
     "pathPattern",
     "onDelete",
     "archiveOnDelete",
+    "deleteChunkEntries",
 ];
 const DEFAULT_GUEST_ROOT: &str = "/export";
 const ON_DELETE: &[&str] = &["delete", "retain", "archive"];
@@ -79,6 +84,7 @@ pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
     let share = params.absolute_path("share", None, SHARE_HINT)?;
     let guest_root = params.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?;
     let on_delete = on_delete(&params)?;
+    sdk::fs::Budget::from_params(&params)?;
     let name = path::check_pv_name(&req.volume_name)?;
 
     let claim = &req.claim;
@@ -109,6 +115,16 @@ pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
             path::check_component(&default)?.to_string()
         }
     };
+    if let Some(reserved) = subdir
+        .split('/')
+        .find(|c| c.starts_with(owner::RESERVED_PREFIX))
+    {
+        return Err(ProvisionError::Infeasible(format!(
+            "the volume's directory {subdir} has the component {reserved:?}: names starting \
+             with {} are reserved for nfs-subdir's own files; change the pathPattern values",
+            owner::RESERVED_PREFIX
+        )));
+    }
     let source = VolumeSource::Nfs(NfsSource {
         server: server.to_string(),
         path: path::join(&share, &subdir),
@@ -117,7 +133,8 @@ pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
     let volume = Volume::new(claim.requested_bytes, source)
         .annotate(ANN_SHARE, share.as_str())
         .annotate(ANN_GUEST_ROOT, guest_root.as_str())
-        .annotate(ANN_ON_DELETE, on_delete);
+        .annotate(ANN_ON_DELETE, on_delete)
+        .annotate(ANN_OWNER_MARKER, owner::marker_rel(&subdir));
     Ok(Plan {
         guest_root,
         subdir,
@@ -205,21 +222,110 @@ impl Provisioner for NfsSubdir {
     fn provision(req: &ProvisionRequest) -> Result<Volume, ProvisionError> {
         let plan = plan(req)?;
         let root = &plan.guest_root;
+        let rel = &plan.subdir;
+        let volume = &req.volume_name;
         check_root(root).map_err(ProvisionError::Failed)?;
-        walk(root, &plan.subdir).map_err(ProvisionError::Failed)?;
-        let dir = path::join(root, &plan.subdir);
-        fs::create_dir_all(&dir)
-            .map_err(|e| ProvisionError::Failed(format!("creating directory {dir}: {e}")))?;
-        if !walk(root, &plan.subdir).map_err(ProvisionError::Failed)? {
+        walk(root, rel).map_err(ProvisionError::Failed)?;
+        let dir = path::join(root, rel);
+        let taken = |why: &str| {
+            ProvisionError::Failed(format!(
+                "the directory {rel} (from pathPattern) {why}: volumes never share a \
+                 directory; give this claim other values for the pattern's labels or \
+                 annotations (or another name), then recreate it"
+            ))
+        };
+        match owner::owner(root, rel).map_err(ProvisionError::Failed)? {
+            // Idempotent: this PV's own directory (made by an earlier attempt).
+            owner::Owner::Volume(v) if v == *volume => {}
+            owner::Owner::Volume(other) => {
+                log::warn!(
+                    "refused: the directory belongs to another volume",
+                    volume = volume,
+                    dir = dir,
+                    owner = other
+                );
+                return Err(taken("already belongs to another volume"));
+            }
+            owner::Owner::Unreadable(why) => {
+                log::warn!(
+                    "refused: unreadable owner marker",
+                    volume = volume,
+                    dir = dir,
+                    why = why
+                );
+                return Err(taken("has an owner marker that names no volume"));
+            }
+            owner::Owner::None => {
+                if let Some(outer) =
+                    owner::inside_a_volume(root, rel).map_err(ProvisionError::Failed)?
+                {
+                    log::warn!(
+                        "refused: inside another volume",
+                        volume = volume,
+                        dir = dir,
+                        outer = outer
+                    );
+                    return Err(taken("lies inside another volume's directory"));
+                }
+                if walk(root, rel).map_err(ProvisionError::Failed)? {
+                    log::warn!(
+                        "refused: the directory exists and has no owner marker",
+                        volume = volume,
+                        dir = dir
+                    );
+                    return Err(taken("already exists and is not a volume of this claim"));
+                }
+                // Parents first (the markers live beside the directory), then the
+                // marker, then the directory: whoever holds the marker owns the path.
+                let (parent, _) = owner::split(rel);
+                if !parent.is_empty() {
+                    let parent_dir = path::join(root, parent);
+                    fs::create_dir_all(&parent_dir).map_err(|e| {
+                        ProvisionError::Failed(format!("creating directory {parent_dir}: {e}"))
+                    })?;
+                    walk(root, parent).map_err(ProvisionError::Failed)?;
+                }
+                let text = owner::marker_text(
+                    volume,
+                    &req.claim.uid,
+                    &format!("{}/{}", req.claim.namespace, req.claim.name),
+                );
+                match owner::claim(root, rel, volume, &text).map_err(ProvisionError::Failed)? {
+                    None => {}
+                    Some(owner::Owner::Volume(v)) if v == *volume => {}
+                    Some(_) => return Err(taken("was just taken by another volume")),
+                }
+                match fs::create_dir(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                        // Made meanwhile by something that does not mark: not ours.
+                        owner::release(root, rel).map_err(ProvisionError::Failed)?;
+                        return Err(taken("appeared while it was being claimed"));
+                    }
+                    Err(e) => {
+                        return Err(ProvisionError::Failed(format!(
+                            "creating directory {dir}: {e}"
+                        )));
+                    }
+                }
+            }
+        }
+        // This PV's marker is in place: (re)create its directory if it is missing.
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(ProvisionError::Failed(format!(
+                    "creating directory {dir}: {e}"
+                )));
+            }
+        }
+        if !walk(root, rel).map_err(ProvisionError::Failed)? {
             return Err(ProvisionError::Failed(format!(
                 "{dir} vanished after creation"
             )));
         }
-        log::info!(
-            "volume directory ready",
-            volume = req.volume_name,
-            dir = dir
-        );
+        log::info!("volume directory ready", volume = volume, dir = dir);
         Ok(plan.volume)
     }
 
@@ -278,21 +384,93 @@ impl Provisioner for NfsSubdir {
         }
         check_root(&guest_root).map_err(DeleteError::Failed)?;
         let dir = path::join(&guest_root, &rel);
-        if !walk(&guest_root, &rel).map_err(DeleteError::Failed)? {
-            log::info!("directory already gone", volume = name, dir = dir);
-            return Ok(());
+        let marker = owner::marker_path(&guest_root, &rel);
+        let exists = walk(&guest_root, &rel).map_err(DeleteError::Failed)?;
+        let owned = owner::owner(&guest_root, &rel).map_err(DeleteError::Failed)?;
+        let budget = sdk::fs::Budget::from_params(&class)?;
+        let root =
+            || sdk::fs::Dir::open(&guest_root).map_err(|e| DeleteError::Failed(e.to_string()));
+        if !exists {
+            // Gone, or moved to the trash by an earlier call of this delete: release the
+            // path's marker if it is still this PV's, and finish what is in the trash.
+            if owned == owner::Owner::Volume(name.to_string()) {
+                owner::release(&guest_root, &rel).map_err(DeleteError::Failed)?;
+            }
+            if on_delete == "archive" {
+                log::info!("directory already gone", volume = name, dir = dir);
+                return Ok(());
+            }
+            let deletion = sdk::fs::resume_deletion(&root()?, name, budget)
+                .map_err(|e| DeleteError::Failed(format!("deleting {dir}: {e}")))?;
+            return sdk::fs::delete_answer(name, &dir, deletion);
+        }
+        match owned {
+            owner::Owner::Volume(v) if v == name => {}
+            owner::Owner::Volume(other) => {
+                return Err(DeleteError::Failed(format!(
+                    "{dir} belongs to another volume, {other} (owner marker {marker}): refusing \
+                     to delete it. PV {name} does not own it; to let the PV go without \
+                     touching the directory, remove the finalizer \
+                     external-provisioner.volume.kubernetes.io/finalizer from PV {name}"
+                )));
+            }
+            owner::Owner::Unreadable(why) => {
+                return Err(DeleteError::Failed(format!(
+                    "{why}: cannot tell whether {dir} is PV {name}'s, refusing to delete it; \
+                     if it is, write the line `volume: {name}` into {marker}"
+                )));
+            }
+            owner::Owner::None => {
+                let made_with_marker = Params::new(&pv.annotations).get(ANN_OWNER_MARKER).is_some();
+                let why = if made_with_marker {
+                    format!("its owner marker {marker} is missing")
+                } else {
+                    format!(
+                        "PV {name} was made before nfs-subdir wrote owner markers, and {dir} has \
+                         none, so another volume may share it"
+                    )
+                };
+                return Err(DeleteError::Failed(format!(
+                    "{why}: refusing to delete {dir}. If the directory is PV {name}'s alone, \
+                     create the marker (mkdir -p $(dirname {marker}); echo 'volume: {name}' > \
+                     {marker}, paths as the module sees the share) and the delete goes on; or \
+                     set StorageClass parameter onDelete: retain; or delete the directory by \
+                     hand and remove the PV's finalizer"
+                )));
+            }
         }
         if on_delete == "archive" {
             let target = archive_target(&guest_root, &rel, name).map_err(DeleteError::Failed)?;
+            let target_rel = target
+                .strip_prefix(&format!("{}/", guest_root.trim_end_matches('/')))
+                .unwrap_or(&target)
+                .to_string();
+            // The archive stays marked as this PV's: no later claim can take it over.
+            owner::copy_to(&guest_root, &rel, &target_rel, name).map_err(DeleteError::Failed)?;
             fs::rename(&dir, &target)
                 .map_err(|e| DeleteError::Failed(format!("archiving {dir}: {e}")))?;
+            owner::release(&guest_root, &rel).map_err(DeleteError::Failed)?;
             log::info!("archived", volume = name, to = target);
-        } else {
-            fs::remove_dir_all(&dir)
-                .map_err(|e| DeleteError::Failed(format!("deleting {dir}: {e}")))?;
-            log::info!("deleted", volume = name, dir = dir);
+            return Ok(());
         }
-        Ok(())
+        let (parent_rel, base) = owner::split(&rel);
+        let root = root()?;
+        let parent = if parent_rel.is_empty() {
+            None
+        } else {
+            Some(
+                root.open_dir_path(parent_rel)
+                    .map_err(|e| DeleteError::Failed(e.to_string()))?,
+            )
+        };
+        let deletion =
+            sdk::fs::delete_volume_dir(&root, parent.as_ref().unwrap_or(&root), base, name, budget)
+                .map_err(|e| DeleteError::Failed(format!("deleting {dir}: {e}")));
+        // Moved to the trash (or gone): the path is free, its marker goes too.
+        if !walk(&guest_root, &rel).map_err(DeleteError::Failed)? {
+            owner::release(&guest_root, &rel).map_err(DeleteError::Failed)?;
+        }
+        sdk::fs::delete_answer(name, &dir, deletion?)
     }
 }
 

@@ -318,3 +318,213 @@ fn symlinks_in_the_path_are_refused() {
 fn describe() {
     assert_eq!(NfsSubdir::describe().name, "nfs-subdir");
 }
+
+/// Claim `name` with UID `uid` (so PV `pvc-<uid>`) whose annotation `dir` is `dir`.
+fn tenant(params: &[(&str, &str)], name: &str, uid: &str, dir: &str) -> ProvisionRequest {
+    let mut req = provision_request(params);
+    req.claim.name = name.to_string();
+    req.claim.uid = uid.to_string();
+    req.volume_name = format!("pvc-{uid}");
+    req.claim.annotations = string_map(&[("dir", dir)]);
+    req
+}
+
+fn provision_failed(r: Result<Volume, ProvisionError>) -> String {
+    match r {
+        Err(ProvisionError::Failed(m)) => m,
+        other => panic!("expected failed, got {other:?}"),
+    }
+}
+
+fn by_annotation(root: &Root) -> [(&str, &str); 4] {
+    [
+        ("server", "s"),
+        ("share", "/x"),
+        ("guestRoot", root.s()),
+        ("pathPattern", "${.PVC.annotations.dir}"),
+    ]
+}
+
+#[test]
+fn two_claims_expanding_to_one_directory_never_share_it() {
+    let root = Root::new();
+    let params = by_annotation(&root);
+    let a = tenant(&params, "a", "aaaa", "shared");
+    let b = tenant(&params, "b", "bbbb", "shared");
+    let va = NfsSubdir::provision(&a).unwrap();
+    fs::write(root.0.join("shared/a-data"), b"a").unwrap();
+    // Idempotent for the owner, refused for the other (without naming the owner).
+    assert_eq!(NfsSubdir::provision(&a).unwrap(), va);
+    let m = provision_failed(NfsSubdir::provision(&b));
+    assert!(m.contains("already belongs to another volume"), "{m}");
+    assert!(
+        !m.contains("pvc-aaaa"),
+        "another tenant's PV is not disclosed: {m}"
+    );
+    // A PV of B pointing there (however it came to be) cannot delete A's data.
+    let m = failed(NfsSubdir::delete(&delete_request(&b, &va, &params)));
+    assert!(m.contains("belongs to another volume"), "{m}");
+    assert!(m.contains("remove the finalizer"), "{m}");
+    assert!(root.0.join("shared/a-data").exists());
+    // A's own delete works, and frees the path for B.
+    NfsSubdir::delete(&delete_request(&a, &va, &params)).unwrap();
+    assert!(!root.has("shared"));
+    NfsSubdir::provision(&b).unwrap();
+}
+
+#[test]
+fn the_marker_is_a_sibling_naming_the_pv_and_claim() {
+    let root = Root::new();
+    let params = by_annotation(&root);
+    let a = tenant(&params, "a", "aaaa", "team/vol");
+    let v = NfsSubdir::provision(&a).unwrap();
+    assert_eq!(fs::read_dir(root.0.join("team/vol")).unwrap().count(), 0);
+    let text = fs::read_to_string(root.0.join("team/.wasm-provisioner-owners/vol")).unwrap();
+    assert!(text.contains("volume: pvc-aaaa\n"), "{text}");
+    assert!(text.contains("claim-uid: aaaa\n"), "{text}");
+    assert_eq!(
+        sdk::lookup(&v.annotations, ANN_OWNER_MARKER),
+        Some("team/.wasm-provisioner-owners/vol")
+    );
+    NfsSubdir::delete(&delete_request(&a, &v, &params)).unwrap();
+    assert!(!root.0.join("team/.wasm-provisioner-owners/vol").exists());
+}
+
+#[test]
+fn existing_unmarked_directories_and_nesting_are_refused() {
+    let root = Root::new();
+    let params = by_annotation(&root);
+    fs::create_dir(root.0.join("admins-data")).unwrap();
+    let m = provision_failed(NfsSubdir::provision(&tenant(
+        &params,
+        "a",
+        "aaaa",
+        "admins-data",
+    )));
+    assert!(m.contains("already exists"), "{m}");
+
+    // Inside another volume: B would share A's data and go with A's delete.
+    NfsSubdir::provision(&tenant(&params, "a", "aaaa", "outer")).unwrap();
+    let m = provision_failed(NfsSubdir::provision(&tenant(
+        &params,
+        "b",
+        "bbbb",
+        "outer/inner",
+    )));
+    assert!(m.contains("inside another volume"), "{m}");
+    assert!(!root.has("outer/inner"));
+    // Around another volume: the parent exists, unmarked.
+    NfsSubdir::provision(&tenant(&params, "c", "cccc", "p/q")).unwrap();
+    let m = provision_failed(NfsSubdir::provision(&tenant(&params, "d", "dddd", "p")));
+    assert!(m.contains("already exists"), "{m}");
+}
+
+#[test]
+fn reserved_names_are_infeasible() {
+    let root = Root::new();
+    let params = by_annotation(&root);
+    for dir in [".wasm-provisioner-owners", "x/.wasm-provisioner-trash/y"] {
+        let m = infeasible(NfsSubdir::provision(&tenant(&params, "a", "aaaa", dir)));
+        assert!(m.contains("reserved"), "{m}");
+    }
+}
+
+#[test]
+fn a_marked_directory_lost_in_a_crash_is_made_again() {
+    let root = Root::new();
+    let params = by_annotation(&root);
+    let a = tenant(&params, "a", "aaaa", "vol");
+    let v = NfsSubdir::provision(&a).unwrap();
+    fs::remove_dir(root.0.join("vol")).unwrap();
+    assert_eq!(NfsSubdir::provision(&a).unwrap(), v);
+    assert!(root.has("vol"));
+}
+
+#[test]
+fn volumes_without_a_marker_are_not_deleted_and_the_message_says_what_to_do() {
+    let root = Root::new();
+    let params = by_annotation(&root);
+    let a = tenant(&params, "a", "aaaa", "old");
+    let mut v = NfsSubdir::provision(&a).unwrap();
+    fs::remove_file(root.0.join(".wasm-provisioner-owners/old")).unwrap();
+    fs::write(root.0.join("old/data"), b"x").unwrap();
+    // Made with a marker that has gone missing.
+    let m = failed(NfsSubdir::delete(&delete_request(&a, &v, &params)));
+    assert!(
+        m.contains("owner marker") && m.contains("is missing"),
+        "{m}"
+    );
+    // Made before markers existed (no annotation): the same refusal, explained.
+    v.annotations.retain(|(k, _)| k != ANN_OWNER_MARKER);
+    let m = failed(NfsSubdir::delete(&delete_request(&a, &v, &params)));
+    assert!(
+        m.contains("made before nfs-subdir wrote owner markers"),
+        "{m}"
+    );
+    assert!(m.contains("echo 'volume: pvc-aaaa'"), "{m}");
+    assert!(root.0.join("old/data").exists());
+    // Following the message lets the delete go on.
+    fs::write(
+        root.0.join(".wasm-provisioner-owners/old"),
+        "volume: pvc-aaaa\n",
+    )
+    .unwrap();
+    NfsSubdir::delete(&delete_request(&a, &v, &params)).unwrap();
+    assert!(!root.has("old"));
+}
+
+#[test]
+fn archives_stay_marked() {
+    let root = Root::new();
+    let mut params = by_annotation(&root).to_vec();
+    params.push(("onDelete", "archive"));
+    let a = tenant(&params, "a", "aaaa", "vol");
+    let v = NfsSubdir::provision(&a).unwrap();
+    NfsSubdir::delete(&delete_request(&a, &v, &params)).unwrap();
+    assert!(root.has("archived-vol") && !root.has("vol"));
+    let text = fs::read_to_string(root.0.join(".wasm-provisioner-owners/archived-vol")).unwrap();
+    assert!(text.contains("volume: pvc-aaaa"), "{text}");
+    assert!(!root.0.join(".wasm-provisioner-owners/vol").exists());
+    // Nobody can take the archive over by naming it.
+    let m = provision_failed(NfsSubdir::provision(&tenant(
+        &params,
+        "b",
+        "bbbb",
+        "archived-vol",
+    )));
+    assert!(m.contains("another volume"), "{m}");
+}
+
+#[test]
+fn large_volumes_are_deleted_in_chunks() {
+    let root = Root::new();
+    let mut params = by_annotation(&root).to_vec();
+    params.push(("deleteChunkEntries", "10"));
+    let a = tenant(&params, "a", "aaaa", "vol");
+    let v = NfsSubdir::provision(&a).unwrap();
+    for i in 0..35 {
+        fs::write(root.0.join(format!("vol/f{i}")), b"x").unwrap();
+    }
+    let del = delete_request(&a, &v, &params);
+    let mut chunks = 0;
+    loop {
+        match NfsSubdir::delete(&del) {
+            Ok(()) => break,
+            Err(DeleteError::InBackground(m)) => {
+                assert!(m.contains("deleted 10 entries"), "{m}");
+                // The path and its marker are free from the first chunk on.
+                assert!(!root.has("vol"));
+                assert!(!root.0.join(".wasm-provisioner-owners/vol").exists());
+                chunks += 1;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(chunks, 3);
+    assert_eq!(
+        fs::read_dir(root.0.join(".wasm-provisioner-trash"))
+            .unwrap()
+            .count(),
+        0
+    );
+}

@@ -37,6 +37,7 @@ pub mod bindings {
     });
 }
 
+pub mod fs;
 pub mod log;
 pub mod params;
 pub mod path;
@@ -235,7 +236,7 @@ impl DeleteError {
     /// The message, whatever the outcome.
     pub fn message(&self) -> &str {
         match self {
-            DeleteError::Ignored(m) | DeleteError::Failed(m) => m,
+            DeleteError::Ignored(m) | DeleteError::Failed(m) | DeleteError::InBackground(m) => m,
         }
     }
 }

@@ -359,6 +359,7 @@ pub(super) fn delete_outcome(answer: &Result<Result<(), DeleteError>, CallError>
         Ok(Ok(())) => "ok",
         Ok(Err(DeleteError::Ignored(_))) => "ignored",
         Ok(Err(DeleteError::Failed(_))) => "failed",
+        Ok(Err(DeleteError::InBackground(_))) => "in_background",
         Err(error) => error.metric_label(),
     }
 }

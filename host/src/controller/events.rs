@@ -68,6 +68,18 @@ impl EventSink {
         .await;
     }
 
+    /// A Normal Event on a volume (lands in namespace `default`: PVs are cluster-scoped).
+    pub async fn volume_normal(&self, volume: &PersistentVolume, reason: &str, note: String) {
+        self.publish(
+            volume.object_ref(&()),
+            EventType::Normal,
+            reason,
+            "Delete",
+            note,
+        )
+        .await;
+    }
+
     /// A Warning Event on a volume (lands in namespace `default`: PVs are cluster-scoped).
     pub async fn volume_warning(&self, volume: &PersistentVolume, reason: &str, note: String) {
         self.publish(

@@ -6,9 +6,15 @@
 //! changed or deleted since never strands a volume. A module missing at delete time is a
 //! VolumeFailedDelete Event and a retry, never a lost volume: the PV and its finalizer
 //! stay until the backend delete succeeds.
+//!
+//! A plugin may delete a large volume in bounded chunks, answering `in-background`
+//! after each: that is progress, not failure. The PV and its finalizer stay, the delete
+//! is asked again after [`IN_BACKGROUND_REQUEUE`] without back-off, failure count or
+//! Warning Event, and one Normal `VolumeDeleting` Event per volume says it is under way.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::DeleteParams;
@@ -38,6 +44,35 @@ pub enum Error {
     Delete { volume: String, message: String },
     #[error(transparent)]
     Request(#[from] volume::Error),
+}
+
+/// How soon a delete the plugin answered `in-background` is asked again: soon enough
+/// that a volume deleted in one-second chunks goes at a steady pace, slow enough to
+/// leave the workers to other volumes between chunks.
+pub const IN_BACKGROUND_REQUEUE: Duration = Duration::from_secs(2);
+
+/// Volumes (by UID) whose in-background delete this process already announced with a
+/// Normal Event: one Event per volume, not one per chunk.
+static ANNOUNCED_IN_BACKGROUND: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Whether this is the first in-background answer for the volume `key` (and remembers it).
+fn first_in_background(key: &str) -> bool {
+    let mut announced = ANNOUNCED_IN_BACKGROUND
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    announced
+        .get_or_insert_with(HashSet::new)
+        .insert(key.to_string())
+}
+
+/// Forgets the announcement of a volume whose delete finished.
+fn forget_in_background(key: &str) {
+    let mut announced = ANNOUNCED_IN_BACKGROUND
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(announced) = announced.as_mut() {
+        announced.remove(key);
+    }
 }
 
 fn api_error(pv: &PersistentVolume, source: kube::Error) -> Error {
@@ -165,8 +200,27 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
         Ok(Err(DeleteError::Failed(message))) => {
             return Err(delete_failed(ctx, pv, &class, message).await);
         }
+        Ok(Err(DeleteError::InBackground(message))) => {
+            // Progress: earlier failures no longer count towards giving up.
+            ctx.volume_retries.forget(&key(pv));
+            info!(volume = %volume_name, module = module.name(), %message, "the plugin deletes the backend volume in the background; asking again soon");
+            if first_in_background(&key(pv)) {
+                ctx.events
+                    .volume_normal(
+                        pv,
+                        names::REASON_VOLUME_DELETING,
+                        format!(
+                            "module {} is deleting the backend volume in the background ({message}); the PV stays until it is done",
+                            module.name()
+                        ),
+                    )
+                    .await;
+            }
+            return Ok(Action::requeue(IN_BACKGROUND_REQUEUE));
+        }
         Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
     }
+    forget_in_background(&key(pv));
     ctx.metrics
         .delete_total
         .with_label_values(&[class.as_str()])

@@ -109,7 +109,9 @@ impl AnswerSize for ProvisionError {
 impl AnswerSize for DeleteError {
     fn answer_bytes(&self) -> usize {
         match self {
-            DeleteError::Ignored(m) | DeleteError::Failed(m) => m.answer_bytes(),
+            DeleteError::Ignored(m) | DeleteError::Failed(m) | DeleteError::InBackground(m) => {
+                m.answer_bytes()
+            }
         }
     }
 }
