@@ -65,6 +65,7 @@ fn provision(c: &mut Criterion) {
     let runtime = Runtime::new(RuntimeConfig {
         grants: Grants::from_yaml(&grants, "bench").unwrap(),
         cache_dir: None,
+        ..RuntimeConfig::default()
     })
     .unwrap();
     let mut group = c.benchmark_group("provision");
@@ -110,6 +111,7 @@ fn load(c: &mut Criterion) {
     let config = RuntimeConfig {
         grants: Grants::none(),
         cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeConfig::default()
     };
     let warm = Runtime::new(config.clone()).unwrap();
     tokio

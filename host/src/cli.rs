@@ -57,6 +57,11 @@ pub struct PluginArgs {
     /// modules are compiled at every start.
     #[arg(long, env = "WASM_PROVISIONER_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+
+    /// Bytes of log (the `log` import, stdout and stderr together) one plugin call may
+    /// write; the rest is dropped, counted, and reported once at the end of the call.
+    #[arg(long, env = "WASM_PROVISIONER_GUEST_LOG_BYTES_PER_CALL", default_value_t = crate::plugin::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL)]
+    pub guest_log_bytes_per_call: usize,
 }
 
 /// Arguments of `run` (the controller).
@@ -187,8 +192,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn init_logging(filter: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    // Colours only on a terminal: escape sequences in a log file or a pod's log are
+    // noise, and without them a raw ESC in the log is always a bug.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = if json {
         builder.json().try_init()

@@ -249,6 +249,7 @@ async fn load(
     let runtime = Runtime::new(RuntimeConfig {
         grants,
         cache_dir: plugins.cache_dir.clone(),
+        guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
     })?;
     let path = plugins.modules.join(format!("{name}.wasm"));
     if !path.is_file() {

@@ -17,7 +17,7 @@ struct RuntimeCollector {
     descs: Vec<prometheus::core::Desc>,
 }
 
-const RUNTIME_COUNTERS: [(&str, &str); 3] = [
+const RUNTIME_COUNTERS: [(&str, &str); 4] = [
     (
         "wasm_provisioner_module_reloads_total",
         "Module versions loaded and put in service (the first load counts), by module",
@@ -29,6 +29,10 @@ const RUNTIME_COUNTERS: [(&str, &str); 3] = [
     (
         "wasm_provisioner_module_removals_total",
         "Modules taken out of service because their file disappeared, by module",
+    ),
+    (
+        "wasm_provisioner_guest_log_dropped_bytes_total",
+        "Bytes of guest log dropped past the per-call bounds (--guest-log-bytes-per-call), by module",
     ),
 ];
 
@@ -57,7 +61,8 @@ impl RuntimeCollector {
                     let value = match index {
                         0 => counters.reloads_total,
                         1 => counters.refusals_total,
-                        _ => counters.removals_total,
+                        2 => counters.removals_total,
+                        _ => counters.guest_log_dropped_bytes_total,
                     };
                     family.with_label_values(&[module.as_str()]).inc_by(value);
                 }

@@ -196,6 +196,7 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
     let runtime = Runtime::new(RuntimeConfig {
         grants,
         cache_dir: plugins.cache_dir.clone(),
+        guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
     })?;
     let (_watcher, report) = DirectoryWatcher::start(runtime.clone(), plugins.modules.clone())
         .await

@@ -89,6 +89,7 @@ fn runtime(grants: &str) -> Runtime {
     Runtime::new(RuntimeConfig {
         grants: Grants::from_yaml(grants, "test grants").unwrap(),
         cache_dir: None,
+        ..RuntimeConfig::default()
     })
     .unwrap()
 }

@@ -20,6 +20,7 @@ fn runtime(grants_yaml: &str) -> Runtime {
     Runtime::new(RuntimeConfig {
         grants,
         cache_dir: None,
+        ..RuntimeConfig::default()
     })
     .expect("runtime")
 }
@@ -290,6 +291,7 @@ async fn precompiled_cache_skips_the_second_compile() {
     let config = RuntimeConfig {
         grants: Grants::none(),
         cache_dir: Some(cache.path().join("cwasm")),
+        ..RuntimeConfig::default()
     };
     let first = Runtime::new(config.clone()).unwrap();
     load(&first, "echo", "test-echo").await;
@@ -327,6 +329,7 @@ async fn precompiled_cache_skips_the_second_compile() {
     let third = Runtime::new(RuntimeConfig {
         grants: Grants::none(),
         cache_dir: Some(cache.path().join("cwasm")),
+        ..RuntimeConfig::default()
     })
     .unwrap();
     load(&third, "echo", "test-echo").await;

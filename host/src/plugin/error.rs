@@ -71,8 +71,9 @@ pub enum CallError {
         timeout: Duration,
     },
     #[error(
-        "{target} ran out of memory: it asked for more than its {limit_bytes} bytes of linear memory \
-         (all memories together); raise modules.{}.limits.memoryBytes in the grants file if that is legitimate",
+        "{target} ran out of memory: it asked for more than its {limit_bytes} bytes of memory \
+         (all linear memories and tables together); raise modules.{}.limits.memoryBytes in the grants \
+         file if that is legitimate",
         target.module
     )]
     MemoryExhausted {

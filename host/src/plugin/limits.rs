@@ -1,5 +1,6 @@
-//! Per-module resource limits: wall-clock deadline, total guest memory, concurrent
-//! calls, and the bound on the size of a guest's answer.
+//! Per-module resource limits: wall-clock deadline, total guest memory (linear memories
+//! and tables together), concurrent calls, and the bounds on what a guest hands the
+//! host (its answer, its log).
 //!
 //! Defaults are named constants; an admin overrides them per module (or for every
 //! module) in the grants file (see [`super::grants`]).
@@ -8,7 +9,8 @@ use std::time::Duration;
 
 /// Default wall-clock budget of one call (instantiation included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default budget of linear memory, summed over all the memories of one instance.
+/// Default memory budget of one call: every linear memory and every table of the call's
+/// instances together.
 pub const DEFAULT_MEMORY_BYTES: u64 = 128 * 1024 * 1024;
 /// Default number of calls into one module that may run at the same time.
 pub const DEFAULT_MAX_CONCURRENT_CALLS: u32 = 8;
@@ -23,7 +25,24 @@ pub const MAX_CONCURRENT_CALLS: u32 = 1024;
 /// plugin-info): a PV is a small object, anything bigger is a broken or hostile guest.
 pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 
-/// Bound on table elements per instance (each costs the host a pointer).
+/// Most bytes the host may allocate while lifting what a guest hands it in one go: an
+/// export's answer, or the arguments of one import call (`log`, WASI). Enforced by
+/// wasmtime's hostcall fuel, which counts string bytes plus the host size of every list
+/// element (up to 72 bytes for a node selector requirement, where [`MAX_ANSWER_BYTES`]
+/// counts 8), so every answer under `MAX_ANSWER_BYTES` lifts, and a hostile one (many
+/// list elements aliasing one big string) stops at this many bytes instead of
+/// allocating gigabytes before the size check after the call.
+pub const MAX_LIFT_BYTES: usize = 10 * MAX_ANSWER_BYTES;
+
+/// Default bound on the bytes of guest log (the `log` import and stdout/stderr
+/// together, messages and fields) one call may write; the rest is dropped and counted.
+pub const DEFAULT_GUEST_LOG_BYTES_PER_CALL: usize = 64 * 1024;
+
+/// Host bytes charged per table element against the memory budget. Wasmtime 48 stores
+/// a funcref element in 8 bytes, a GC reference in 4 and a continuation in 16; charging
+/// the largest keeps the bound conservative whatever the element type.
+pub const TABLE_ELEMENT_BYTES: u64 = 16;
+/// Bound on the elements of one table, whatever the memory budget.
 pub const MAX_TABLE_ELEMENTS: usize = 1_000_000;
 /// Bound on instances, memories and tables per store: a component built by a normal
 /// toolchain uses a handful; Python and JS guests use more memories than Rust ones.
@@ -36,7 +55,7 @@ pub const MAX_TABLES: usize = 256;
 pub struct Limits {
     /// Wall-clock deadline of one call.
     pub timeout: Duration,
-    /// Total linear memory of one instance, all memories together.
+    /// Memory of one call: all linear memories and tables of its instances together.
     pub memory_bytes: u64,
     /// Calls allowed at the same time; more fail at once with `CallError::Busy`.
     pub max_concurrent_calls: u32,
@@ -52,15 +71,19 @@ impl Default for Limits {
     }
 }
 
-/// A [`wasmtime::ResourceLimiter`] that bounds the total size of *all* linear memories
-/// of a store, not each memory on its own (`StoreLimits` is per memory; a component can
-/// hold several).
+/// A [`wasmtime::ResourceLimiter`] that bounds the host memory a store's guest can make
+/// the host hold: the total size of *all* linear memories **and all tables** of the
+/// store against one budget, not each memory on its own (`StoreLimits` is per memory; a
+/// component can hold several), and not memories only (a table of a million elements is
+/// megabytes of host heap: 256 such tables were 2 GB with a 1 MiB memory limit).
 #[derive(Debug)]
 pub struct MemoryLimiter {
     limit_bytes: u64,
     total_bytes: u64,
-    /// The growth last permitted, undone if the growth then fails.
-    pending_bytes: u64,
+    /// The memory growth last permitted, undone if the growth then fails.
+    pending_memory_bytes: u64,
+    /// The table growth last permitted, undone if the growth then fails.
+    pending_table_bytes: u64,
     /// Set when a growth was refused: a trap after that is reported as memory exhaustion.
     exhausted: bool,
 }
@@ -70,7 +93,8 @@ impl MemoryLimiter {
         MemoryLimiter {
             limit_bytes,
             total_bytes: 0,
-            pending_bytes: 0,
+            pending_memory_bytes: 0,
+            pending_table_bytes: 0,
             exhausted: false,
         }
     }
@@ -80,9 +104,23 @@ impl MemoryLimiter {
         self.exhausted
     }
 
-    /// Linear memory in use, all memories together.
+    /// Memory charged: linear memories plus [`TABLE_ELEMENT_BYTES`] per table element.
     pub fn total_bytes(&self) -> u64 {
         self.total_bytes
+    }
+
+    /// Charges `delta` bytes to the budget; false (and `exhausted`) when it does not fit.
+    fn charge(&mut self, delta: u64) -> bool {
+        match self.total_bytes.checked_add(delta) {
+            Some(total) if total <= self.limit_bytes => {
+                self.total_bytes = total;
+                true
+            }
+            _ => {
+                self.exhausted = true;
+                false
+            }
+        }
     }
 }
 
@@ -96,31 +134,37 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         // Memories only grow, and a new memory reports current = 0: the sum of the
         // deltas is the total of all memories.
         let delta = desired.saturating_sub(current) as u64;
-        match self.total_bytes.checked_add(delta) {
-            Some(total) if total <= self.limit_bytes => {
-                self.total_bytes = total;
-                self.pending_bytes = delta;
-                Ok(true)
-            }
-            _ => {
-                self.exhausted = true;
-                Ok(false)
-            }
-        }
+        let granted = self.charge(delta);
+        self.pending_memory_bytes = if granted { delta } else { 0 };
+        Ok(granted)
     }
 
     fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
-        self.total_bytes -= std::mem::take(&mut self.pending_bytes);
+        self.total_bytes -= std::mem::take(&mut self.pending_memory_bytes);
         Ok(())
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
+        // Like memories: tables only grow and a new table reports current = 0, so the
+        // deltas sum to every table's size. Both share the one budget.
+        if desired > MAX_TABLE_ELEMENTS {
+            self.exhausted = true;
+            return Ok(false);
+        }
+        let delta = (desired.saturating_sub(current) as u64).saturating_mul(TABLE_ELEMENT_BYTES);
+        let granted = self.charge(delta);
+        self.pending_table_bytes = if granted { delta } else { 0 };
+        Ok(granted)
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.total_bytes -= std::mem::take(&mut self.pending_table_bytes);
+        Ok(())
     }
 
     fn instances(&self) -> usize {
@@ -161,6 +205,47 @@ mod tests {
         assert!(limiter.memory_growing(MIB, 4 * MIB, None).unwrap());
         assert!(!limiter.exhausted());
         assert!(!limiter.memory_growing(4 * MIB, 4 * MIB + 1, None).unwrap());
+    }
+
+    #[test]
+    fn tables_are_charged_to_the_same_budget() {
+        let mut limiter = MemoryLimiter::new(2 * MIB as u64);
+        assert!(limiter.memory_growing(0, MIB, None).unwrap());
+        // 65536 elements of 16 bytes: exactly the MiB left.
+        assert!(limiter.table_growing(0, 65_536, None).unwrap());
+        assert_eq!(limiter.total_bytes(), 2 * MIB as u64);
+        assert!(!limiter.exhausted());
+        // One more element, or a second table, does not fit any more.
+        assert!(!limiter.table_growing(65_536, 65_537, None).unwrap());
+        assert!(limiter.exhausted());
+        assert!(!limiter.table_growing(0, 1, None).unwrap());
+        assert!(!limiter.memory_growing(MIB, MIB + 1, None).unwrap());
+    }
+
+    #[test]
+    fn the_table_bomb_of_issue_9_does_not_fit_one_mib() {
+        // 256 tables of a million elements each were 2 GB of host heap.
+        let mut limiter = MemoryLimiter::new(MIB as u64);
+        let granted = (0..256)
+            .take_while(|_| limiter.table_growing(0, MAX_TABLE_ELEMENTS, None).unwrap())
+            .count();
+        assert_eq!(granted, 0);
+        assert!(limiter.exhausted());
+        assert!(
+            !limiter
+                .table_growing(0, MAX_TABLE_ELEMENTS + 1, None)
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn failed_table_growth_is_given_back() {
+        let mut limiter = MemoryLimiter::new(4 * MIB as u64);
+        assert!(limiter.table_growing(0, 1000, None).unwrap());
+        limiter
+            .table_grow_failed(wasmtime::Error::msg("no"))
+            .unwrap();
+        assert_eq!(limiter.total_bytes(), 0);
     }
 
     #[test]

@@ -2,8 +2,15 @@
 //!
 //! Both go to the host's `tracing` log (target `guest`), tagged with the module, its
 //! version and the call. Both are bounded per call, so a chatty or hostile guest cannot
-//! flood the host's log: past the bound, lines are dropped and one warning says so.
+//! flood the host's log: at most [`MAX_LOG_LINES_PER_CALL`] lines and a byte budget
+//! (`--guest-log-bytes-per-call`, messages and fields together); past either bound the
+//! rest is dropped, counted per module, and one warning at the end of the call says how
+//! many bytes. Control characters (newline, CR, ESC, other C0 and C1 controls, line
+//! separators, bidi overrides) in messages, field keys and values are escaped, so a
+//! guest cannot forge host log lines or terminal output in either log format.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -12,6 +19,8 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
 use super::bindings::log::Level;
+use super::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL;
+use super::metrics::Metrics;
 
 /// Most log lines (the import and stdout/stderr together) one call may write.
 pub const MAX_LOG_LINES_PER_CALL: usize = 1000;
@@ -19,6 +28,9 @@ pub const MAX_LOG_LINES_PER_CALL: usize = 1000;
 pub const MAX_LOG_LINE_BYTES: usize = 4096;
 /// Most extra fields of one log line.
 pub const MAX_LOG_FIELDS: usize = 32;
+/// Longest field key and value kept.
+const MAX_FIELD_KEY_BYTES: usize = 128;
+const MAX_FIELD_VALUE_BYTES: usize = 1024;
 
 /// Who is logging: one call of one module version.
 #[derive(Debug, Clone)]
@@ -37,7 +49,17 @@ pub(crate) struct GuestLog {
 struct LogState {
     tag: CallTag,
     lines: usize,
+    /// Lines dropped whole (past the line or byte bound).
     dropped: usize,
+    /// Bytes of log the guest may still write in this call.
+    bytes_left: usize,
+    /// The budget this call started with (for the warning).
+    bytes_per_call: usize,
+    /// Bytes the guest wrote that did not reach the log: dropped lines, cut lines, cut
+    /// fields.
+    dropped_bytes: u64,
+    /// Where the dropped bytes are counted per module, at the end of the call.
+    metrics: Option<Arc<Metrics>>,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
 }
@@ -49,20 +71,48 @@ impl GuestLog {
                 tag,
                 lines: 0,
                 dropped: 0,
+                bytes_left: DEFAULT_GUEST_LOG_BYTES_PER_CALL,
+                bytes_per_call: DEFAULT_GUEST_LOG_BYTES_PER_CALL,
+                dropped_bytes: 0,
+                metrics: None,
                 stdout: Vec::new(),
                 stderr: Vec::new(),
             })),
         }
     }
 
+    /// Sets this call's byte budget and where dropped bytes are counted. Called once,
+    /// right after the store is made, before the guest runs.
+    pub(crate) fn configure(&self, bytes_per_call: usize, metrics: Arc<Metrics>) {
+        let mut state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        state.bytes_left = bytes_per_call;
+        state.bytes_per_call = bytes_per_call;
+        state.metrics = Some(metrics);
+    }
+
     /// One line from the `log` import.
     pub(crate) fn log(&self, level: Level, message: &str, fields: &[(String, String)]) {
         let mut state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if !state.admit() {
+        let written = fields
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .fold(message.len(), usize::saturating_add);
+        let kept_message = truncate(message, MAX_LOG_LINE_BYTES);
+        let kept_fields = fields.iter().take(MAX_LOG_FIELDS).map(|(k, v)| {
+            (
+                truncate(k, MAX_FIELD_KEY_BYTES),
+                truncate(v, MAX_FIELD_VALUE_BYTES),
+            )
+        });
+        let kept = kept_fields
+            .clone()
+            .map(|(k, v)| k.len() + v.len())
+            .fold(kept_message.len(), usize::saturating_add);
+        if !state.admit(written, kept) {
             return;
         }
-        let message = truncate(message, MAX_LOG_LINE_BYTES);
-        let fields = render_fields(fields);
+        let message = escape(kept_message);
+        let fields = render_fields(kept_fields);
         let CallTag {
             module,
             version,
@@ -86,6 +136,16 @@ impl GuestLog {
                 tracing::error!(target: "guest", module, version, call, fields = %fields, "{message}")
             }
         }
+    }
+
+    /// Ends the call's log, right after the call: flushes unterminated lines, counts
+    /// and reports the dropped bytes. Not left to the last clone's drop: wasmtime-wasi's
+    /// stdout adapter task may hold one a moment after the store is gone.
+    pub(crate) fn finish(&self) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .finish();
     }
 
     /// A stream for the guest's stdout (`stderr` false) or stderr (`stderr` true).
@@ -112,7 +172,9 @@ impl GuestLog {
             let buffer = state.buffer(stderr);
             // Never keep more than one line's worth: the rest of an over-long line is cut.
             let room = (MAX_LOG_LINE_BYTES + 1).saturating_sub(buffer.len());
-            buffer.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            let kept = chunk.len().min(room);
+            buffer.extend_from_slice(&chunk[..kept]);
+            state.dropped_bytes += (chunk.len() - kept) as u64;
             if !line_ends {
                 break;
             }
@@ -131,22 +193,30 @@ impl LogState {
         }
     }
 
-    fn admit(&mut self) -> bool {
-        if self.lines < MAX_LOG_LINES_PER_CALL {
+    /// Whether a line the guest wrote as `written` bytes, of which `kept` survive the
+    /// per-line cuts, goes to the log: within the line bound and the byte budget.
+    /// Counts what is dropped either way.
+    fn admit(&mut self, written: usize, kept: usize) -> bool {
+        if self.lines < MAX_LOG_LINES_PER_CALL && kept <= self.bytes_left {
             self.lines += 1;
+            self.bytes_left -= kept;
+            self.dropped_bytes += written.saturating_sub(kept) as u64;
             true
         } else {
             self.dropped += 1;
+            self.dropped_bytes += written as u64;
             false
         }
     }
 
     fn emit_stdio(&mut self, stderr: bool, line: &[u8]) {
-        if !self.admit() {
+        let text = String::from_utf8_lossy(line);
+        let trimmed = text.trim_end_matches('\r');
+        let kept = truncate(trimmed, MAX_LOG_LINE_BYTES);
+        if !self.admit(line.len(), kept.len()) {
             return;
         }
-        let text = String::from_utf8_lossy(line);
-        let text = truncate(text.trim_end_matches('\r'), MAX_LOG_LINE_BYTES);
+        let text = escape(kept);
         let stream = if stderr { "stderr" } else { "stdout" };
         let CallTag {
             module,
@@ -160,6 +230,14 @@ impl LogState {
 
 impl Drop for LogState {
     fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl LogState {
+    /// Ends the call's log: flushes unterminated stdout/stderr lines and reports what
+    /// was dropped (metric and one warning), once.
+    fn finish(&mut self) {
         for stderr in [false, true] {
             let rest = std::mem::take(if stderr {
                 &mut self.stderr
@@ -170,18 +248,26 @@ impl Drop for LogState {
                 self.emit_stdio(stderr, &rest);
             }
         }
-        if self.dropped > 0 {
+        if self.dropped_bytes > 0 {
             let CallTag {
                 module,
                 version,
                 call,
             } = &self.tag;
+            if let Some(metrics) = &self.metrics {
+                metrics.record_log_dropped(module, self.dropped_bytes);
+            }
             let (module, version) = (&**module, &**version);
             tracing::warn!(
-                target: "guest", module, version, call, dropped = self.dropped,
-                "the guest wrote more than {MAX_LOG_LINES_PER_CALL} log lines in one call; the rest were dropped"
+                target: "guest", module, version, call, dropped_lines = self.dropped,
+                "{} bytes of guest log dropped: a call may log at most {} bytes \
+                 (--guest-log-bytes-per-call) in {MAX_LOG_LINES_PER_CALL} lines of at most \
+                 {MAX_LOG_LINE_BYTES} bytes",
+                self.dropped_bytes, self.bytes_per_call
             );
         }
+        self.dropped_bytes = 0;
+        self.dropped = 0;
     }
 }
 
@@ -196,15 +282,68 @@ fn truncate(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-fn render_fields(fields: &[(String, String)]) -> String {
+/// Whether `c` must not reach a log line as it is: C0 and C1 controls and DEL (newline,
+/// carriage return, ESC and the rest), Unicode line and paragraph separators, and the
+/// bidirectional overrides that make a terminal show text in another order.
+fn is_dangerous(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+        )
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// Appends `c`, escaped if dangerous (`\n`, `\r`, `\t`, else `\u{..}`).
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c if is_dangerous(c) => {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        }
+        c => out.push(c),
+    }
+}
+
+/// `text` with every dangerous character escaped, so a guest's text stays on the one
+/// log line the host writes for it.
+fn escape(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_dangerous) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        push_escaped(&mut out, c);
+    }
+    Cow::Owned(out)
+}
+
+/// The fields as `key="value"` pairs: values quoted (`"` and `\` escaped) so a value
+/// cannot pose as more fields; spaces, `=` and `"` in keys become `_`; dangerous
+/// characters escaped in both.
+fn render_fields<'a>(fields: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let mut out = String::new();
-    for (key, value) in fields.iter().take(MAX_LOG_FIELDS) {
+    for (key, value) in fields {
         if !out.is_empty() {
             out.push(' ');
         }
-        out.push_str(truncate(key, 128));
-        out.push('=');
-        out.push_str(truncate(value, 1024));
+        for c in key.chars() {
+            match c {
+                ' ' | '=' | '"' => out.push('_'),
+                c => push_escaped(&mut out, c),
+            }
+        }
+        out.push_str("=\"");
+        for c in value.chars() {
+            if matches!(c, '"' | '\\') {
+                out.push('\\');
+            }
+            push_escaped(&mut out, c);
+        }
+        out.push('"');
     }
     out
 }
@@ -292,6 +431,57 @@ mod tests {
         let state = log.inner.lock().unwrap();
         assert_eq!(state.lines, MAX_LOG_LINES_PER_CALL);
         assert_eq!(state.dropped, 5);
+    }
+
+    #[test]
+    fn bytes_past_the_budget_are_dropped_and_counted() {
+        let log = GuestLog::new(tag());
+        let metrics = Arc::new(Metrics::default());
+        log.configure(100, metrics.clone());
+        log.log(Level::Info, &"a".repeat(60), &[("k".into(), "v".repeat(9))]);
+        // 70 bytes in, 30 left: a 40-byte line is dropped whole, a 30-byte one fits.
+        log.log(Level::Info, &"b".repeat(40), &[]);
+        log.write_stdio(false, format!("{}\n", "c".repeat(30)).as_bytes());
+        log.log(Level::Info, "d", &[]);
+        {
+            let state = log.inner.lock().unwrap();
+            assert_eq!(state.lines, 2);
+            assert_eq!(state.bytes_left, 0);
+            assert_eq!(state.dropped, 2);
+            assert_eq!(state.dropped_bytes, 41);
+        }
+        drop(log);
+        assert_eq!(metrics.module("m").guest_log_dropped_bytes_total, 41);
+    }
+
+    #[test]
+    fn cut_lines_count_as_dropped_bytes() {
+        let log = GuestLog::new(tag());
+        log.configure(1 << 20, Arc::new(Metrics::default()));
+        let long = vec![b'x'; MAX_LOG_LINE_BYTES + 100];
+        log.write_stdio(true, &long);
+        log.write_stdio(true, b"\n");
+        log.log(Level::Info, &"y".repeat(MAX_LOG_LINE_BYTES + 7), &[]);
+        let state = log.inner.lock().unwrap();
+        // stdio keeps one byte more than a line before cutting, then cuts the line.
+        assert_eq!(state.dropped_bytes, 99 + 1 + 7);
+        assert_eq!(state.dropped, 0);
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(
+            escape("ok\n2026-01-01T00:00:00Z  INFO forged\r\x1b[2J\u{85}\u{202e}x\t"),
+            "ok\\n2026-01-01T00:00:00Z  INFO forged\\r\\u{1b}[2J\\u{85}\\u{202e}x\\t"
+        );
+        assert!(matches!(escape("plain text é"), Cow::Borrowed(_)));
+        let fields =
+            render_fields([("a key=\n", "v\"al\\ue\nmodule=evil"), ("ok", "fine")].into_iter());
+        assert_eq!(
+            fields,
+            "a_key_\\n=\"v\\\"al\\\\ue\\nmodule=evil\" ok=\"fine\""
+        );
+        assert!(!fields.chars().any(is_dangerous));
     }
 
     #[test]

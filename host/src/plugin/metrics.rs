@@ -19,6 +19,9 @@ pub struct ModuleCounters {
     pub calls_total: u64,
     /// Calls that failed in the host's sandbox, by `CallError::metric_label`.
     pub call_failures_total: BTreeMap<&'static str, u64>,
+    /// Bytes of guest log (the `log` import, stdout, stderr) dropped past a call's
+    /// bounds (`--guest-log-bytes-per-call`, lines per call, line length).
+    pub guest_log_dropped_bytes_total: u64,
 }
 
 /// The runtime's counters.
@@ -78,6 +81,10 @@ impl Metrics {
                 *c.call_failures_total.entry(label).or_default() += 1;
             }
         });
+    }
+
+    pub(crate) fn record_log_dropped(&self, module: &str, bytes: u64) {
+        self.update(module, |c| c.guest_log_dropped_bytes_total += bytes);
     }
 
     fn update(&self, module: &str, change: impl FnOnce(&mut ModuleCounters)) {

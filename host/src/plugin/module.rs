@@ -20,7 +20,7 @@ use super::bindings::{Provisioner, ProvisionerPre};
 use super::engine::EpochTicker;
 use super::error::{Call, CallError, CallTarget};
 use super::grants::ModuleGrants;
-use super::limits::Limits;
+use super::limits::{Limits, MAX_LIFT_BYTES};
 use super::metrics::Metrics;
 use super::sandbox::{DeadlineExceeded, GuestState, Sandbox};
 
@@ -38,9 +38,12 @@ pub struct LoadedModule {
     info: PluginInfo,
     pre: ProvisionerPre<GuestState>,
     engine: Engine,
-    sandbox: Sandbox,
+    /// Shared with the blocking thread that makes each call's store.
+    sandbox: Arc<Sandbox>,
     permits: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    /// Bytes of log one call may write (`--guest-log-bytes-per-call`).
+    log_bytes_per_call: usize,
     loaded_at: SystemTime,
     // Deadlines need the ticker running as long as any version can be called.
     _ticker: Arc<EpochTicker>,
@@ -67,13 +70,18 @@ pub(crate) struct ModuleParts {
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ticker: Arc<EpochTicker>,
+    pub(crate) log_bytes_per_call: usize,
 }
 
 impl LoadedModule {
     /// Calls `describe` and, if it answers sanely, makes the module callable.
     pub(crate) async fn describe(parts: ModuleParts) -> Result<LoadedModule, CallError> {
         let version: Arc<str> = parts.sha256[..VERSION_DIGITS].into();
-        let sandbox = Sandbox::new(parts.name.clone(), version.clone(), parts.grants);
+        let sandbox = Arc::new(Sandbox::new(
+            parts.name.clone(),
+            version.clone(),
+            parts.grants,
+        ));
         let mut module = LoadedModule {
             name: parts.name,
             sha256: parts.sha256,
@@ -89,6 +97,7 @@ impl LoadedModule {
             sandbox,
             permits: parts.permits,
             metrics: parts.metrics,
+            log_bytes_per_call: parts.log_bytes_per_call,
             loaded_at: SystemTime::now(),
             _ticker: parts.ticker,
         };
@@ -235,13 +244,7 @@ impl LoadedModule {
                 target: self.target(call),
                 max_concurrent_calls: limits.max_concurrent_calls,
             })?;
-        let mut store = self
-            .sandbox
-            .store(&self.engine, call.as_str())
-            .map_err(|cause| CallError::Sandbox {
-                target: self.target(call),
-                cause,
-            })?;
+        let mut store = self.new_store(call).await?;
         // The epoch deadline stops guest code; this timeout also bounds host I/O the
         // guest waits on (an HTTP request), which epochs cannot interrupt.
         let outcome = tokio::time::timeout(limits.timeout, async {
@@ -249,6 +252,7 @@ impl LoadedModule {
             run(&instance, &mut store).await
         })
         .await;
+        store.data().log.finish();
         match outcome {
             Ok(Ok(answer)) => Ok(answer),
             Err(_elapsed) => Err(CallError::Timeout {
@@ -259,6 +263,28 @@ impl LoadedModule {
         }
     }
 
+    /// A fresh store for one call. Making it opens the granted directories: blocking
+    /// filesystem work (an NFS export can hang), so it runs on a blocking thread, never
+    /// on an async worker. Then the bounds on what the guest hands the host: hostcall
+    /// fuel for lifting (answers and import arguments), and the log budget.
+    async fn new_store(&self, call: Call) -> Result<Store<GuestState>, CallError> {
+        let sandbox = self.sandbox.clone();
+        let engine = self.engine.clone();
+        let made = tokio::task::spawn_blocking(move || sandbox.store(&engine, call.as_str()))
+            .await
+            .unwrap_or_else(|error| Err(format!("the thread making the sandbox failed: {error}")));
+        let mut store = made.map_err(|cause| CallError::Sandbox {
+            target: self.target(call),
+            cause,
+        })?;
+        store.set_hostcall_fuel(MAX_LIFT_BYTES);
+        store
+            .data()
+            .log
+            .configure(self.log_bytes_per_call, self.metrics.clone());
+        Ok(store)
+    }
+
     fn classify(&self, call: Call, error: wasmtime::Error, store: &Store<GuestState>) -> CallError {
         let target = self.target(call);
         let limits = self.limits();
@@ -266,6 +292,16 @@ impl LoadedModule {
             return CallError::Timeout {
                 target,
                 timeout: limits.timeout,
+            };
+        }
+        if is_hostcall_fuel_exhausted(&error) {
+            return CallError::MalformedAnswer {
+                target,
+                reason: format!(
+                    "the guest handed the host more than {MAX_LIFT_BYTES} bytes in one go (its \
+                     answer, or the arguments of one import call, counting every list element \
+                     and string, aliased ones included); the host stopped copying it"
+                ),
             };
         }
         if store.data().limiter.exhausted()
@@ -287,6 +323,17 @@ impl LoadedModule {
             cause: truncate(cause),
         }
     }
+}
+
+/// Whether wasmtime stopped lifting guest data because the store's hostcall fuel ran
+/// out. Wasmtime 48 keeps the error type private, so this matches its message; the test
+/// `hostile_abi::aliased_answer_is_stopped_while_lifting` fails if that message changes.
+fn is_hostcall_fuel_exhausted(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .to_string()
+            .contains("fuel allocated for hostcalls has been exhausted")
+    })
 }
 
 fn truncate(mut text: String) -> String {

@@ -25,12 +25,25 @@ pub const MAX_MODULE_BYTES: u64 = 256 * 1024 * 1024;
 pub const COMPILE_CONCURRENCY: usize = 1;
 
 /// How the runtime is set up.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     /// What each module may touch, and its limits.
     pub grants: Grants,
     /// Where precompiled components are kept; `None` compiles on every load.
     pub cache_dir: Option<PathBuf>,
+    /// Bytes of log one call may write (`--guest-log-bytes-per-call`); the rest is
+    /// dropped and counted.
+    pub guest_log_bytes_per_call: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            grants: Grants::default(),
+            cache_dir: None,
+            guest_log_bytes_per_call: super::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL,
+        }
+    }
 }
 
 /// Why the runtime could not start.
@@ -69,6 +82,7 @@ struct Inner {
     linker: Linker<GuestState>,
     cache: Option<PrecompiledCache>,
     grants: Grants,
+    guest_log_bytes_per_call: usize,
     modules: RwLock<BTreeMap<String, Arc<LoadedModule>>>,
     /// The concurrency budget of each module name, shared by all its versions.
     permits: Mutex<HashMap<String, Arc<Semaphore>>>,
@@ -103,6 +117,7 @@ impl Runtime {
                 linker,
                 cache,
                 grants: config.grants,
+                guest_log_bytes_per_call: config.guest_log_bytes_per_call,
                 modules: RwLock::default(),
                 permits: Mutex::default(),
                 metrics: Arc::default(),
@@ -293,6 +308,7 @@ impl Runtime {
             permits,
             metrics: self.inner.metrics.clone(),
             ticker: self.inner.ticker.clone(),
+            log_bytes_per_call: self.inner.guest_log_bytes_per_call,
         })
         .await
         .map_err(|error| LoadError::Describe {

@@ -26,7 +26,7 @@ pub(crate) struct GuestState {
     http: WasiHttpCtx,
     http_hooks: OutboundHttp,
     pub(crate) limiter: MemoryLimiter,
-    log: GuestLog,
+    pub(crate) log: GuestLog,
 }
 
 impl WasiView for GuestState {

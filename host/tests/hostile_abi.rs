@@ -1,0 +1,287 @@
+//! Hostile guests that a Rust guest cannot express: the attacks of issue 9 on the host's
+//! memory through the WebAssembly machinery itself, not through linear memory.
+//!
+//! - **Table bomb** (item 3): a 1 KB module grows funcref tables by a million elements
+//!   each. Each element is host heap (8 bytes in wasmtime 48), not linear memory; the
+//!   `memoryBytes` budget must count it.
+//! - **Alias bomb** (item 10): `provision` answers a volume whose labels are many list
+//!   entries all pointing at the same 1 MiB string in linear memory. The guest spends a
+//!   few MiB; lifting the answer into host `String`s costs the host 2 MiB per entry,
+//!   before the size check after the call could refuse it.
+//!
+//! Each hostile component is a core module written in WAT, implementing the
+//! `provisioner` world's exports by hand at the canonical-ABI level, and wrapped into a
+//! component with `wit-component` against the repository's `wit/` (the same world the
+//! host links). Rust guests (wit-bindgen) can neither grow tables nor alias list
+//! elements, which is why these are not crates under `guests/testing/`.
+//!
+//! The tests measure the peak RSS of this process around one call (`VmHWM`, reset
+//! through `/proc/self/clear_refs`), one test at a time.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use wasm_provisioner::plugin::types::{
+    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
+};
+use wasm_provisioner::plugin::{CallError, Grants, LoadedModule, Runtime, RuntimeConfig};
+
+const MIB: u64 = 1024 * 1024;
+
+/// Tables the table bomb grows, by a million elements each: 128 MB of host heap at
+/// wasmtime's 8 bytes per funcref (the issue's 256 tables were 2 GB).
+const BOMB_TABLES: usize = 16;
+/// Label entries of the alias bomb, each key and value the same 1 MiB string: 100 MiB
+/// lifted, under wasmtime's default 128 MiB hostcall fuel, so without a tighter bound
+/// the whole answer is copied into the host before the size check refuses it.
+const ALIASED_LABELS: usize = 50;
+
+/// RSS tests measure the whole process: one at a time.
+static RSS: Mutex<()> = Mutex::new(());
+
+/// The canonical-ABI parts every hostile module shares: memory, a bump `cabi_realloc`
+/// (the host lowers requests through it), a valid `describe` answer and harmless
+/// `should-provision`, `should-delete` and `delete`.
+fn core_module(name: &str, memory_pages: u32, extra: &str) -> String {
+    assert!(name.len() < 16, "the name must fit its data slot");
+    format!(
+        r#"(module
+  (memory (export "memory") {memory_pages})
+  (global $bump (mut i32) (i32.const 4096))
+  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
+    (local $p i32)
+    (local.set $p (i32.and
+      (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
+      (i32.sub (i32.const 0) (local.get 2))))
+    (global.set $bump (i32.add (local.get $p) (local.get 3)))
+    (if (i32.gt_u (global.get $bump) (i32.const 65536)) (then unreachable))
+    (local.get $p))
+  ;; plugin-info at 64: name (16, len), version (32, 1), supports-block 0, no kinds.
+  (data (i32.const 16) "{name}")
+  (data (i32.const 32) "1")
+  (data (i32.const 64) "\10\00\00\00\{len:02x}\00\00\00\20\00\00\00\01\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00")
+  (func (export "describe") (result i32) (i32.const 64))
+  (func (export "should-provision") (param i32) (result i32) (i32.const 1))
+  (func (export "should-delete") (param i32) (result i32) (i32.const 1))
+  ;; result<_, delete-error> at 128: all zero, ok.
+  (func (export "delete") (param i32) (result i32) (i32.const 128))
+{extra}
+)"#,
+        len = name.len(),
+    )
+}
+
+/// `provision` grows [`BOMB_TABLES`] tables by a million elements each (initialised, so
+/// the host really writes them), then traps; a refused growth (`table.grow` answering
+/// -1) traps at once.
+fn table_bomb() -> String {
+    let mut extra = String::from("  (func $target)\n  (elem declare func $target)\n");
+    for t in 0..BOMB_TABLES {
+        extra.push_str(&format!("  (table $t{t} 0 funcref)\n"));
+    }
+    extra.push_str("  (func (export \"provision\") (param i32) (result i32)\n");
+    for t in 0..BOMB_TABLES {
+        extra.push_str(&format!(
+            "    (if (i32.eq (table.grow $t{t} (ref.func $target) (i32.const 1000000)) (i32.const -1)) (then unreachable))\n"
+        ));
+    }
+    extra.push_str("    unreachable)\n");
+    core_module("test-table-bomb", 2, &extra)
+}
+
+/// `provision` answers `result<volume, provision-error>` = ok, a hostPath volume whose
+/// `labels` has [`ALIASED_LABELS`] entries, every key and value the same 1 MiB string of
+/// NULs (valid UTF-8) at 1 MiB in linear memory. Layout (canonical ABI): the result at
+/// 256 (discriminant 0: ok), its volume at 264: capacity u64 @+0, source variant @+8
+/// (host-path = 0, path @+12, path-type none @+20; the variant is 60 bytes, its largest
+/// case iscsi), node-affinity @+68, labels @+76, annotations @+84, mount-options @+92,
+/// volume-mode @+100. The label entries (16 bytes each) at 8192.
+fn alias_bomb() -> String {
+    let entries: String = (0..ALIASED_LABELS)
+        .map(|i| {
+            let at = 8192 + 16 * i;
+            format!(
+                "    (i32.store (i32.const {at}) (i32.const 1048576))\n\
+                 \x20   (i32.store (i32.const {}) (i32.const 1048576))\n\
+                 \x20   (i32.store (i32.const {}) (i32.const 1048576))\n\
+                 \x20   (i32.store (i32.const {}) (i32.const 1048576))\n",
+                at + 4,
+                at + 8,
+                at + 12
+            )
+        })
+        .collect();
+    let extra = format!(
+        r#"  (data (i32.const 200) "/aliased")
+  (func (export "provision") (param i32) (result i32)
+    (i64.store (i32.const 264) (i64.const 1048576))
+    (i32.store8 (i32.const 272) (i32.const 0))
+    (i32.store (i32.const 276) (i32.const 200))
+    (i32.store (i32.const 280) (i32.const 8))
+    (i32.store (i32.const 340) (i32.const 8192))
+    (i32.store (i32.const 344) (i32.const {ALIASED_LABELS}))
+{entries}    (i32.const 256))
+"#
+    );
+    // 3 MiB: the request area, the entries and the 1 MiB string from 1 MiB.
+    core_module("test-alias-bomb", 48, &extra)
+}
+
+/// Wraps a WAT core module into a `provisioner` component, against the repository's
+/// WIT (the same world the host's bindings come from).
+fn component(wat: &str) -> Vec<u8> {
+    let mut module = wat::parse_str(wat).unwrap_or_else(|e| panic!("invalid WAT: {e}\n{wat}"));
+    let mut resolve = wit_parser::Resolve::default();
+    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
+    let (package, _) = resolve
+        .push_dir(&wit)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e:#}", wit.display()));
+    let world = resolve
+        .select_world(&[package], Some("provisioner"))
+        .expect("the provisioner world");
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .expect("component metadata");
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .and_then(|encoder| encoder.validate(true).encode())
+        .unwrap_or_else(|e| panic!("the WAT module does not implement the world: {e:#}"))
+}
+
+async fn load(grants_yaml: &str, name: &str, wat: &str) -> (Runtime, Arc<LoadedModule>) {
+    let grants = Grants::from_yaml(grants_yaml, "test grants").expect("valid grants");
+    let runtime = Runtime::new(RuntimeConfig {
+        grants,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    runtime
+        .load_bytes(name, component(wat))
+        .await
+        .unwrap_or_else(|e| panic!("loading {name}: {e}"));
+    let module = runtime.module(name).expect("in service");
+    (runtime, module)
+}
+
+fn request() -> ProvisionRequest {
+    ProvisionRequest {
+        volume_name: "pvc-0b6e3d4e-1111-4c3a-9d7e-000000000009".into(),
+        claim: Claim {
+            name: "data".into(),
+            namespace: "default".into(),
+            uid: "0b6e3d4e-1111-4c3a-9d7e-000000000009".into(),
+            labels: vec![],
+            annotations: vec![],
+            access_modes: vec![AccessMode::ReadWriteOnce],
+            requested_bytes: MIB,
+            limit_bytes: None,
+            volume_mode: VolumeMode::Filesystem,
+            data_source: None,
+            selector: None,
+        },
+        class: Class {
+            name: "hostile".into(),
+            parameters: vec![],
+            reclaim_policy: ReclaimPolicy::Delete,
+            mount_options: vec![],
+            allowed_topologies: vec![],
+            binding_mode: BindingMode::Immediate,
+        },
+        selected_node: None,
+    }
+}
+
+/// A `/proc/self/status` field in bytes (`VmHWM`, `VmRSS`).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// How much the peak RSS of this process grew while `work` ran.
+async fn peak_growth<T>(work: impl std::future::Future<Output = T>) -> (T, u64) {
+    // Writing 5 resets the peak (VmHWM) to the current RSS.
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    let before = status_bytes("VmRSS");
+    let result = work.await;
+    let peak = status_bytes("VmHWM");
+    (result, peak.saturating_sub(before))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_bomb_is_charged_to_the_memory_budget() {
+    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    let (_runtime, module) = load(
+        "modules:\n  bomb:\n    limits: { memoryBytes: 1048576 }\n",
+        "bomb",
+        &table_bomb(),
+    )
+    .await;
+    let (answer, growth) = peak_growth(module.provision(&request())).await;
+    eprintln!("table bomb: peak RSS grew by {growth} bytes; {answer:?}");
+    let error = answer.expect_err("growing tables past the budget must fail the call");
+    assert_eq!(
+        error.metric_label(),
+        "memory_exhausted",
+        "tables must count against memoryBytes: {error}"
+    );
+    let message = error.to_string();
+    for part in ["module bomb", "`provision`", "1048576 bytes", "tables"] {
+        assert!(message.contains(part), "{part:?} missing in: {message}");
+    }
+    let tables_bytes = BOMB_TABLES as u64 * 1_000_000 * 8;
+    assert!(
+        growth < 32 * MIB,
+        "the call grew the host's peak RSS by {growth} bytes (the tables would be {tables_bytes})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliased_answer_is_stopped_while_lifting() {
+    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    let (_runtime, module) = load("{}", "alias", &alias_bomb()).await;
+    let (answer, growth) = peak_growth(module.provision(&request())).await;
+    eprintln!("alias bomb: peak RSS grew by {growth} bytes; {answer:?}");
+    let error = answer.expect_err("an answer of 100 MiB must be refused");
+    assert!(
+        matches!(error, CallError::MalformedAnswer { .. }),
+        "expected malformed_answer, got {}: {error}",
+        error.metric_label()
+    );
+    let message = error.to_string();
+    let bound = wasm_provisioner::plugin::limits::MAX_LIFT_BYTES.to_string();
+    for part in [
+        "module alias",
+        "`provision`",
+        "version sha256:",
+        bound.as_str(),
+    ] {
+        assert!(message.contains(part), "{part:?} missing in: {message}");
+    }
+    let lifted = ALIASED_LABELS as u64 * 2 * MIB;
+    assert!(
+        growth < 32 * MIB,
+        "lifting the answer grew the host's peak RSS by {growth} bytes (the whole answer is {lifted})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hostile_modules_are_otherwise_valid() {
+    // Both load (describe answers) and serve: the failures above are the attacks, not
+    // broken modules.
+    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    let (_runtime, module) = load("{}", "bomb", &table_bomb()).await;
+    assert_eq!(module.info().name, "test-table-bomb");
+    let (_runtime, module) = load("{}", "alias", &alias_bomb()).await;
+    assert_eq!(module.info().name, "test-alias-bomb");
+    assert!(module.should_provision(&request()).await.unwrap());
+}
