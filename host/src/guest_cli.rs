@@ -65,6 +65,11 @@ pub enum GuestCliError {
     Request(#[from] request::Error),
     #[error(transparent)]
     Volume(#[from] volume::Error),
+    #[error("{error}; {cleanup}")]
+    Unpublishable {
+        error: volume::Unpublishable,
+        cleanup: String,
+    },
     #[error(transparent)]
     Call(#[from] CallError),
     #[error("module {module} (version sha256:{version}) declined: `{call}` answered false")]
@@ -136,10 +141,26 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
             message,
         }
     })?;
-    let mut pv =
-        volume::persistent_volume(&request, &claim, &class, volume, &args.provisioner_name)?;
-    volume::record_module(&mut pv, module.name(), module.sha256());
-    Ok(serde_yaml::to_string(&pv).expect("a PersistentVolume serializes to YAML"))
+    let unpublished = volume::unpublished_delete_request(&request, &volume);
+    match volume::publishable_volume(
+        &request,
+        &claim,
+        &class,
+        volume,
+        &args.provisioner_name,
+        &module,
+    ) {
+        Ok(pv) => Ok(serde_yaml::to_string(&pv).expect("a PersistentVolume serializes to YAML")),
+        Err(error) => {
+            // As the controller does: the backend volume made for nothing is deleted.
+            let cleanup = match module.delete(&unpublished).await {
+                Ok(Ok(())) => "the backend volume was deleted through the module".to_string(),
+                Ok(Err(error)) => format!("deleting the backend volume failed too: {error:?}"),
+                Err(error) => format!("deleting the backend volume failed too: {error}"),
+            };
+            Err(GuestCliError::Unpublishable { error, cleanup })
+        }
+    }
 }
 
 /// What `guest delete` achieved, when the plugin did not fail.

@@ -45,6 +45,11 @@ impl RuntimeCollector {
                     .into_iter()
                     .cloned()
             })
+            .chain(
+                prometheus::core::Collector::desc(&grants_without_module(&runtime))
+                    .into_iter()
+                    .cloned(),
+            )
             .collect();
         Self { runtime, descs }
     }
@@ -78,6 +83,7 @@ impl prometheus::core::Collector for RuntimeCollector {
     }
 
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let grants = grants_without_module(&self.runtime);
         Self::families(&self.runtime)
             .iter()
             .flat_map(prometheus::core::Collector::collect)
@@ -86,6 +92,22 @@ impl prometheus::core::Collector for RuntimeCollector {
 }
 
 /// Go client's DefBuckets, which the seed's duration histograms use.
+/// 1 for each module the grants file names that the modules directory lacks.
+fn grants_without_module(runtime: &Runtime) -> IntGaugeVec {
+    let family = IntGaugeVec::new(
+        Opts::new(
+            "wasm_provisioner_grants_without_module",
+            "1 for each module the grants file names but the modules directory has no file for (a typo?)",
+        ),
+        &["module"],
+    )
+    .expect("valid gauge");
+    for module in runtime.metrics().grants_without_module() {
+        family.with_label_values(&[module.as_str()]).set(1);
+    }
+    family
+}
+
 const DEFAULT_BUCKETS: &[f64] = &names::METRIC_DURATION_BUCKETS;
 
 /// Buckets for a claim's whole wait, which includes retries and back-off.

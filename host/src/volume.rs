@@ -32,6 +32,7 @@ use serde_json::Value;
 
 use crate::names;
 use crate::plugin::bindings::types;
+use crate::plugin::{LoadedModule, SourceRefused};
 use crate::quantity;
 use crate::request::{claim_key, plugin_parameters, string_map, volume_mode_str};
 
@@ -290,6 +291,46 @@ pub fn persistent_volume(
     })
 }
 
+/// Why a plugin's answer is not published.
+#[derive(Debug, thiserror::Error)]
+pub enum Unpublishable {
+    #[error("plugin {module} answered a volume that cannot be published: {source}")]
+    Invalid {
+        module: String,
+        #[source]
+        source: Error,
+    },
+    #[error(transparent)]
+    Refused(#[from] SourceRefused),
+}
+
+/// The PV for `module`'s answer `volume`, if it may be published: valid as a PV
+/// ([`persistent_volume`]) and with a volume source the module's volume grants allow;
+/// the module version is recorded on it. The controller and the offline runner both
+/// publish through here, so a module author sees a refusal before deploying.
+pub fn publishable_volume(
+    req: &types::ProvisionRequest,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    volume: types::Volume,
+    provisioner_name: &str,
+    module: &LoadedModule,
+) -> Result<PersistentVolume, Unpublishable> {
+    let mut pv = persistent_volume(req, claim, class, volume, provisioner_name).map_err(
+        |source| Unpublishable::Invalid {
+            module: module.name().to_string(),
+            source,
+        },
+    )?;
+    let spec = pv.spec.clone().unwrap_or_default();
+    module
+        .grants()
+        .volumes
+        .check(module.name(), &req.volume_name, &spec)?;
+    record_module(&mut pv, module.name(), module.sha256());
+    Ok(pv)
+}
+
 /// Records on a PV which module version made its backend volume (name and sha256), so
 /// an admin can tell which code owns it. The runtime knows the digest it loaded; the
 /// class's `module` parameter is already recorded by [`persistent_volume`].
@@ -359,6 +400,30 @@ pub fn delete_request(
         class_name,
         class_parameters: class.map(plugin_parameters).unwrap_or_default(),
     })
+}
+
+/// The request that deletes a volume the plugin made for `req` but the host did not
+/// publish (the answer could not become a PV, or its source was not granted). Built
+/// from the answer itself, unchecked, so that a volume that can never be published can
+/// still always be cleaned up: the plugin gets back exactly what it answered.
+pub fn unpublished_delete_request(
+    req: &types::ProvisionRequest,
+    volume: &types::Volume,
+) -> types::DeleteRequest {
+    types::DeleteRequest {
+        volume: types::PublishedVolume {
+            name: req.volume_name.clone(),
+            source: volume.source.clone(),
+            capacity_bytes: volume.capacity_bytes,
+            labels: volume.labels.clone(),
+            annotations: volume.annotations.clone(),
+            node_affinity: volume.node_affinity.clone(),
+            claim_namespace: Some(req.claim.namespace.clone()),
+            claim_name: Some(req.claim.name.clone()),
+        },
+        class_name: req.class.name.clone(),
+        class_parameters: req.class.parameters.clone(),
+    }
 }
 
 /// A PV's volume source as the WIT variant: typed when the typed record carries every

@@ -70,13 +70,17 @@ impl Scratch {
         path
     }
 
-    /// Grants `module` the `granted` directory at `guest`.
+    /// Grants `module` the `granted` directory at `guest`, and the volumes the hostpath
+    /// and nfs-subdir classes below publish.
     fn grants(&self, module: &str, guest: &str) -> PathBuf {
         self.write(
             "grants.yaml",
             &format!(
                 "allow: {{ directories: [{root}] }}\n\
-                 modules:\n  {module}:\n    directories:\n      - {{ host: {granted}, guest: {guest}, mode: read-write }}\n",
+                 modules:\n  {module}:\n    directories:\n      - {{ host: {granted}, guest: {guest}, mode: read-write }}\n\
+                 \x20   volumes:\n\
+                 \x20     hostPath: [{{ pathPrefix: /var/lib/volumes }}]\n\
+                 \x20     nfs: [{{ server: nfs.example.com, pathPrefix: /srv/nfs }}]\n",
                 root = self.root.path().display(),
                 granted = self.path("granted").display(),
             ),
@@ -342,4 +346,95 @@ fn hostpath_without_a_grant_fails_with_the_plugins_message() {
         "{stderr}"
     );
     assert!(stderr.contains("module hostpath"), "{stderr}");
+}
+
+/// Issue 9.1 in the offline runner: a module answering a source its grants do not
+/// cover (`hostPath: /`) is refused with the rule, and its backend volume is deleted
+/// through its own `delete`, exactly as the controller does.
+#[test]
+fn a_source_the_module_was_not_granted_is_refused_and_cleaned_up() {
+    let scratch = Scratch::new(&["test-publish"]);
+    let grants = scratch.grants("test-publish", "/volumes");
+    let class = scratch.write(
+        "sc.yaml",
+        r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local
+provisioner: wasm-provisioner.dev
+parameters:
+  module: test-publish
+  hostPath: /
+  hostPathType: Directory
+"#,
+    );
+    let output = provision(&scratch, &[], &class, &grants);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "stderr:\n{stderr}");
+    assert!(output.stdout.is_empty(), "no PV may be printed");
+    assert!(
+        stderr.contains("module test-publish may not publish volume")
+            && stderr.contains("(rule modules.test-publish.volumes.hostPath)")
+            && stderr.contains("the backend volume was deleted through the module"),
+        "stderr:\n{stderr}"
+    );
+    assert!(
+        !scratch.path("granted").join(VOLUME_NAME).exists(),
+        "the backend volume the module made must be deleted"
+    );
+
+    // The same module, publishing below its granted prefix, is accepted.
+    let class = scratch.write(
+        "sc.yaml",
+        r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local
+provisioner: wasm-provisioner.dev
+parameters:
+  module: test-publish
+  hostPath: /var/lib/volumes/x
+  hostPathType: Directory
+"#,
+    );
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+}
+
+/// A module cannot plant a symlink in its grant: published as a hostPath below its
+/// granted prefix, `pvc-x -> ../../..` would be the node's `/` for kubelet.
+#[test]
+fn a_module_cannot_create_symlinks_in_its_grant() {
+    let scratch = Scratch::new(&["test-publish"]);
+    let grants = scratch.grants("test-publish", "/volumes");
+    let class = scratch.write(
+        "sc.yaml",
+        r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local
+provisioner: wasm-provisioner.dev
+parameters:
+  module: test-publish
+  hostPath: /var/lib/volumes/pvc-5a1d7a2e-0000-4000-8000-000000000001
+  hostPathType: Directory
+  symlinkTarget: ../../../../../../..
+"#,
+    );
+    let output = provision(&scratch, &[], &class, &grants);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("creating the symlink") && stderr.contains("not-permitted"),
+        "stderr:\n{stderr}"
+    );
+    let planted = scratch.path("granted").join(VOLUME_NAME);
+    assert!(
+        std::fs::symlink_metadata(&planted).is_err(),
+        "{} must not exist",
+        planted.display()
+    );
 }

@@ -22,6 +22,15 @@ use crate::host::{Host, HostConfig};
 /// How long a test waits for the host to act.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// The `volumes` grant of every module [`Fixture::write_grants`] names: the node paths
+/// and NFS server the tests' classes publish (`nodePath` under `/srv` or
+/// `/var/lib/wasm-provisioner`, the echo guest's `/echo/...`, `nfs.example.com`).
+pub const TEST_VOLUME_GRANTS: &str = "    volumes:
+      hostPath: [{ pathPrefix: /srv }, { pathPrefix: /echo }, { pathPrefix: /var/lib/wasm-provisioner }]
+      local: [{ pathPrefix: /srv }, { pathPrefix: /var/lib/wasm-provisioner }]
+      nfs: [{ server: nfs.example.com, pathPrefix: / }]
+";
+
 pub struct Fixture {
     pub ctx: TestContext,
     pub provisioner: String,
@@ -57,7 +66,8 @@ impl Fixture {
         Ok(fixture)
     }
 
-    /// Grants each named module a read-write directory `data/<module>` as `/volumes`.
+    /// Grants each named module a read-write directory `data/<module>` as `/volumes`,
+    /// and the volume sources the tests' classes publish ([`TEST_VOLUME_GRANTS`]).
     pub fn write_grants(&self, modules: &[&str]) -> anyhow::Result<()> {
         let mut text = format!(
             "allow:\n  directories: [{}]\nmodules:\n",
@@ -67,7 +77,7 @@ impl Fixture {
             let dir = self.data.join(module);
             std::fs::create_dir_all(&dir)?;
             text.push_str(&format!(
-                "  {module}:\n    directories:\n      - {{ host: {}, guest: /volumes, mode: read-write }}\n",
+                "  {module}:\n    directories:\n      - {{ host: {}, guest: /volumes, mode: read-write }}\n{TEST_VOLUME_GRANTS}",
                 dir.display()
             ));
         }

@@ -32,7 +32,9 @@ use super::finalizers::{self, Edited};
 use super::retry::Next;
 use crate::decide::{self, ProvisionDecision, SkipProvision};
 use crate::names;
-use crate::plugin::types::{DeleteError, PluginInfo, ProvisionError, ProvisionRequest, Volume};
+use crate::plugin::types::{
+    DeleteError, DeleteRequest, PluginInfo, ProvisionError, ProvisionRequest, Volume,
+};
 use crate::plugin::{Call, CallError, LoadedModule};
 use crate::{request, volume};
 
@@ -532,8 +534,10 @@ async fn provision_refused(
     })
 }
 
-/// Turns the plugin's volume into a PV and saves it; deletes the backend volume when the
-/// PV cannot be saved.
+/// Turns the plugin's volume into a PV, checks its source against the module's volume
+/// grants and saves it. An answer that cannot be published (invalid, or a source the
+/// module may not publish) or a PV that cannot be saved is discarded: the backend volume
+/// is deleted through the module and nothing is published.
 async fn publish(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
@@ -544,26 +548,24 @@ async fn publish(
     started: Instant,
 ) -> Result<Action, Error> {
     let claim_key = request::claim_key(claim);
-    let mut pv = match volume::persistent_volume(
+    let unpublished = volume::unpublished_delete_request(request, &volume);
+    let published = volume::publishable_volume(
         request,
         claim,
         class,
         volume,
         &ctx.settings.provisioner_name,
-    ) {
+        module,
+    );
+    let pv = match published {
         Ok(pv) => pv,
         Err(error) => {
-            // The answer cannot be published; the backend volume stays behind our
-            // finalizer (the cleanup path deletes it if the claim goes).
-            let note = format!(
-                "plugin {} answered a volume that cannot be published: {error}",
-                module.name()
-            );
-            attempt_failed(ctx, claim, class, note).await;
-            return Err(error.into());
+            let message = error.to_string();
+            warn!(claim = %claim_key, module = module.name(), "{message}");
+            provision_failed_metric(ctx, claim, class);
+            return discard(ctx, claim, module, &unpublished, message).await;
         }
     };
-    volume::record_module(&mut pv, module.name(), module.sha256());
 
     match save_volume(ctx, claim, &pv).await {
         Saved::Yes => {
@@ -605,46 +607,7 @@ async fn publish(
         Saved::No(message) => {
             provision_failed_metric(ctx, claim, class);
             let delete = volume::delete_request(&pv, Some(class))?;
-            let started = Instant::now();
-            let answer = module.delete(&delete).await;
-            observe_call(ctx, module, Call::Delete, started, delete_outcome(&answer));
-            match answer {
-                Ok(Ok(())) => {
-                    ctx.events
-                        .claim_warning(
-                            claim,
-                            names::REASON_PROVISIONING_FAILED,
-                            format!("{message}; the backend volume was deleted and provisioning will be retried"),
-                        )
-                        .await;
-                    remove_claim_finalizer(ctx, claim).await?;
-                    Err(Error::Save {
-                        claim: claim_key,
-                        message,
-                    })
-                }
-                other => {
-                    let cause = match other {
-                        Ok(Err(error)) => format!("{error:?}"),
-                        Err(error) => error.to_string(),
-                        Ok(Ok(())) => unreachable!(),
-                    };
-                    ctx.events
-                        .claim_warning(
-                            claim,
-                            names::REASON_PROVISIONING_CLEANUP_FAILED,
-                            format!(
-                                "{message}; deleting the backend volume {} failed too: {cause}. It will be retried while the claim exists; if you delete the claim, please delete the volume manually",
-                                pv.name_any()
-                            ),
-                        )
-                        .await;
-                    Err(Error::Save {
-                        claim: claim_key,
-                        message: format!("{message}; cleanup failed: {cause}"),
-                    })
-                }
-            }
+            discard(ctx, claim, module, &delete, message).await
         }
     }
 }
@@ -711,6 +674,56 @@ async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action,
         // Published: the PV owns the backend volume now.
         remove_claim_finalizer(ctx, claim).await?;
         return Ok(Action::await_change());
+/// Deletes, through the module, a backend volume that was made but not published, so
+/// nothing is left behind; then provisioning is retried with back-off. If the delete
+/// fails, the claim keeps its finalizer (the volume exists) and the cleanup is retried.
+async fn discard(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    module: &LoadedModule,
+    delete: &DeleteRequest,
+    message: String,
+) -> Result<Action, Error> {
+    let claim_key = request::claim_key(claim);
+    let started = Instant::now();
+    let answer = module.delete(delete).await;
+    observe_call(ctx, module, Call::Delete, started, delete_outcome(&answer));
+    let cause = match answer {
+        Ok(Ok(())) => {
+            ctx.events
+                .claim_warning(
+                    claim,
+                    names::REASON_PROVISIONING_FAILED,
+                    format!(
+                        "{message}; the backend volume was deleted and provisioning will be retried"
+                    ),
+                )
+                .await;
+            remove_claim_finalizer(ctx, claim).await?;
+            return Err(Error::Save {
+                claim: claim_key,
+                message,
+            });
+        }
+        Ok(Err(error)) => format!("{error:?}"),
+        Err(error) => error.to_string(),
+    };
+    ctx.events
+        .claim_warning(
+            claim,
+            names::REASON_PROVISIONING_CLEANUP_FAILED,
+            format!(
+                "{message}; deleting the backend volume {} failed too: {cause}. It will be retried while the claim exists; if you delete the claim, please delete the volume manually",
+                delete.volume.name
+            ),
+        )
+        .await;
+    Err(Error::Save {
+        claim: claim_key,
+        message: format!("{message}; cleanup failed: {cause}"),
+    })
+}
+
     }
     let Some(class) = request::claim_class_name(claim).and_then(|name| ctx.class(&name)) else {
         return Err(cleanup_error(
@@ -736,14 +749,9 @@ async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action,
     );
     match answer {
         Ok(Ok(volume)) => {
-            let pv = volume::persistent_volume(
-                &request,
-                claim,
-                &class,
-                volume,
-                &ctx.settings.provisioner_name,
-            )?;
-            let delete = volume::delete_request(&pv, Some(&class))?;
+            // Built from the answer unchecked: a volume that could never be published
+            // must still be deletable, or the claim would stay Terminating for ever.
+            let delete = volume::unpublished_delete_request(&request, &volume);
             let started = Instant::now();
             let answer = module.delete(&delete).await;
             observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::volume_grants::{VolumeGrants, VolumesFile};
 use super::limits::{
     Limits, MAX_CONCURRENT_CALLS, MAX_MEMORY_BYTES, MAX_TIMEOUT, MIN_MEMORY_BYTES,
 };
@@ -108,6 +109,8 @@ pub struct ModuleGrants {
     pub limits: Limits,
     pub directories: Vec<DirectoryGrant>,
     pub http: Vec<HttpGrant>,
+    /// The volume sources it may publish (nothing by default).
+    pub volumes: VolumeGrants,
 }
 
 /// The validated grants file.
@@ -135,13 +138,18 @@ impl Grants {
 
     /// Parses and validates grants; `source` names the file in error messages.
     pub fn from_yaml(text: &str, source: &str) -> Result<Self, GrantsError> {
+        let parse_error = |error: serde_yaml::Error| GrantsError::Parse {
+            source_name: source.to_string(),
+            message: error.to_string(),
+        };
         let file: GrantsFile = if text.trim().is_empty() {
             GrantsFile::default()
         } else {
-            serde_yaml::from_str(text).map_err(|error| GrantsError::Parse {
-                source_name: source.to_string(),
-                message: error.to_string(),
-            })?
+            // A generic YAML value refuses duplicate keys at any depth, where maps of
+            // the typed file would keep the last one silently: a module granted twice is
+            // a mistake to report, not to resolve.
+            serde_yaml::from_str::<serde_yaml::Value>(text).map_err(parse_error)?;
+            serde_yaml::from_str(text).map_err(parse_error)?
         };
         file.validate().map_err(|problems| GrantsError::Invalid {
             source_name: source.to_string(),
@@ -224,6 +232,8 @@ struct ModuleFile {
     directories: Vec<DirectoryFile>,
     #[serde(default)]
     http: Vec<HttpFile>,
+    #[serde(default)]
+    volumes: VolumesFile,
 }
 
 #[derive(Debug, Deserialize)]
@@ -340,20 +350,59 @@ impl GrantsFile {
                 });
             }
 
+            let volumes = module.volumes.validate(&format!("{at}.volumes"), &mut problems);
             modules.insert(
                 name,
                 ModuleGrants {
                     limits,
                     directories,
                     http,
+                    volumes,
                 },
             );
         }
+        overlapping_writable_directories(&modules, &mut problems);
 
         if problems.is_empty() {
             Ok(Grants { defaults, modules })
         } else {
             Err(problems)
+        }
+    }
+}
+
+/// Two directory grants that overlap (one is the other or lies inside it) where at least
+/// one is read-write: the writer could replace a directory on the other grant's path
+/// with a symlink, or read and write another module's files. Refused for any two grants,
+/// of one module or of two.
+fn overlapping_writable_directories(
+    modules: &BTreeMap<String, ModuleGrants>,
+    problems: &mut Vec<String>,
+) {
+    let grants: Vec<(String, &DirectoryGrant)> = modules
+        .iter()
+        .flat_map(|(name, module)| {
+            module
+                .directories
+                .iter()
+                .enumerate()
+                .map(move |(i, dir)| (format!("modules.{name}.directories[{i}]"), dir))
+        })
+        .collect();
+    for (i, (field, dir)) in grants.iter().enumerate() {
+        for (other_field, other) in &grants[i + 1..] {
+            let writable =
+                dir.mode == DirectoryMode::ReadWrite || other.mode == DirectoryMode::ReadWrite;
+            if writable && (dir.host.starts_with(&other.host) || other.host.starts_with(&dir.host))
+            {
+                problems.push(format!(
+                    "{field}.host {} and {other_field}.host {} overlap and one of them is read-write; \
+                     a writer could swap a directory on the other's path for a symlink. Give \
+                     each grant its own directory, side by side",
+                    dir.host.display(),
+                    other.host.display()
+                ));
+            }
         }
     }
 }
@@ -634,5 +683,96 @@ modules:
                 .contains("modules.m.directories[0].guest \"volumes\": must be an absolute path"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn duplicate_keys_are_errors_not_last_wins() {
+        let message = problems(
+            r#"
+modules:
+  hostpath: { limits: { timeoutSeconds: 5 } }
+  hostpath: { limits: { timeoutSeconds: 50 } }
+"#,
+        );
+        assert!(message.contains("duplicate"), "{message}");
+        assert!(message.contains("hostpath"), "{message}");
+        let message = problems("modules: { m: { limits: { timeoutSeconds: 1, timeoutSeconds: 2 } } }");
+        assert!(message.contains("duplicate"), "{message}");
+    }
+
+    #[test]
+    fn overlapping_grants_with_a_writer_are_refused() {
+        let message = problems(
+            r#"
+allow: { directories: [/srv] }
+modules:
+  a: { directories: [{ host: /srv/data, guest: /v, mode: read-write }] }
+  b: { directories: [{ host: /srv/data/b, guest: /v, mode: read-only }] }
+"#,
+        );
+        assert!(
+            message.contains("modules.a.directories[0].host /srv/data and modules.b.directories[0].host /srv/data/b overlap"),
+            "{message}"
+        );
+        // The same directory read-write for two modules, and nested grants of one module.
+        let message = problems(
+            r#"
+allow: { directories: [/srv] }
+modules:
+  a: { directories: [{ host: /srv/x, guest: /v, mode: read-write }, { host: /srv/x/y, guest: /w, mode: read-only }] }
+  b: { directories: [{ host: /srv/z, guest: /v, mode: read-write }] }
+  c: { directories: [{ host: /srv/z, guest: /v, mode: read-write }] }
+"#,
+        );
+        assert!(message.contains("modules.a.directories[0].host /srv/x and modules.a.directories[1].host /srv/x/y"), "{message}");
+        assert!(message.contains("modules.b.directories[0].host /srv/z and modules.c.directories[0].host /srv/z"), "{message}");
+        // Read-only overlaps and side-by-side read-write grants are fine.
+        parse(
+            r#"
+allow: { directories: [/srv] }
+modules:
+  a: { directories: [{ host: /srv/shared, guest: /s, mode: read-only }, { host: /srv/a, guest: /v, mode: read-write }] }
+  b: { directories: [{ host: /srv/shared/sub, guest: /s, mode: read-only }, { host: /srv/ab, guest: /v, mode: read-write }] }
+"#,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn volume_grants_are_parsed_and_validated_per_module() {
+        let grants = parse(
+            r#"
+modules:
+  hostpath:
+    volumes:
+      hostPath: [{ pathPrefix: /var/lib/wasm-provisioner/hostpath }]
+      local: [{ pathPrefix: /mnt/disks }]
+"#,
+        )
+        .unwrap();
+        let volumes = grants.for_module("hostpath").volumes;
+        assert_eq!(volumes.host_path[0].types, ["Directory", "DirectoryOrCreate"]);
+        assert_eq!(volumes.local[0].path_prefix, "/mnt/disks");
+        assert!(grants.for_module("unlisted").volumes.is_empty());
+        let message = problems("modules: { m: { volumes: { hostPath: [{ pathPrefix: /, types: [Socket] }], nfs: [{ server: x, pathPrefix: rel }], other: { cephfs: { secrets: [bad] } } } } }");
+        assert!(message.contains("modules.m.volumes.hostPath[0]"), "{message}");
+        assert!(message.contains("modules.m.volumes.nfs[0].pathPrefix \"rel\""), "{message}");
+        assert!(message.contains("modules.m.volumes.other.cephfs.secrets[0] \"bad\""), "{message}");
+        let message = problems("modules: { m: { volumes: { hostpath: [] } } }");
+        assert!(message.contains("unknown field `hostpath`"), "{message}");
+    }
+
+    #[test]
+    fn the_deployed_grants_file_is_valid_and_grants_what_the_example_classes_publish() {
+        let config_map: serde_yaml::Value =
+            serde_yaml::from_str(include_str!("../../../deploy/grants.yaml")).unwrap();
+        let text = config_map["data"]["grants.yaml"].as_str().unwrap();
+        let grants = parse(text).unwrap();
+        let hostpath = grants.for_module("hostpath").volumes;
+        assert_eq!(
+            hostpath.host_path[0].path_prefix,
+            "/var/lib/wasm-provisioner/hostpath"
+        );
+        assert_eq!(grants.for_module("nfs-subdir").volumes.nfs[0].server, "nfs.example.com");
     }
 }

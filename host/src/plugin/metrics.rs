@@ -30,6 +30,8 @@ pub struct Metrics {
     compiles_total: AtomicU64,
     cache_hits_total: AtomicU64,
     modules: Mutex<BTreeMap<String, ModuleCounters>>,
+    /// Modules the grants file names that the last scan found no file for.
+    grants_without_module: Mutex<Vec<String>>,
 }
 
 impl Metrics {
@@ -60,6 +62,22 @@ impl Metrics {
             &self.compiles_total
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Modules the grants file names but the modules directory lacked at the last scan
+    /// (a typo in the grants file, or a module not deployed yet).
+    pub fn grants_without_module(&self) -> Vec<String> {
+        self.grants_without_module
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_grants_without_module(&self, modules: Vec<String>) {
+        *self
+            .grants_without_module
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = modules;
     }
 
     pub(crate) fn record_reload(&self, module: &str) {

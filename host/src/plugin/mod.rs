@@ -29,6 +29,7 @@ mod runtime;
 mod sandbox;
 
 pub use bindings::types;
+pub mod volume_grants;
 pub use error::{Call, CallError, CallTarget, LoadError, ResolveError};
 pub use grants::{Grants, GrantsError, ModuleGrants};
 pub use limits::Limits;
@@ -36,6 +37,7 @@ pub use metrics::{Metrics, ModuleCounters};
 pub use module::{LoadedModule, VERSION_DIGITS};
 pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
 pub use runtime::{LoadOutcome, MAX_MODULE_BYTES, Runtime, RuntimeConfig, RuntimeError};
+pub use volume_grants::{SourceRefused, VolumeGrants};
 
 /// Most characters of a module name.
 pub const MAX_MODULE_NAME: usize = 63;

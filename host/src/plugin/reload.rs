@@ -41,6 +41,8 @@ pub struct SyncReport {
     pub removed: Vec<String>,
     /// Files ignored, with the reason (a name that is not a valid module name).
     pub ignored: Ignored,
+    /// Modules the grants file names that have no file here (warned about each scan).
+    pub grants_without_module: Vec<String>,
 }
 
 /// Why the modules directory cannot be used.
@@ -106,6 +108,23 @@ impl Runtime {
         for (path, reason) in &report.ignored {
             tracing::warn!(file = %path.display(), "ignoring a file in the modules directory: {reason}");
         }
+        report.grants_without_module = self
+            .grants()
+            .modules
+            .keys()
+            .filter(|name| !files.contains_key(*name))
+            .cloned()
+            .collect();
+        for name in &report.grants_without_module {
+            tracing::warn!(
+                module = %name,
+                dir = %dir.display(),
+                "the grants file names module {name}, but the modules directory has no {name}.wasm; \
+                 a typo in the grants file (its grants go unused), or a module not deployed yet"
+            );
+        }
+        self.metrics()
+            .set_grants_without_module(report.grants_without_module.clone());
         for module in self.modules() {
             if !files.contains_key(module.name()) {
                 self.remove(module.name());
@@ -209,6 +228,30 @@ impl DirectoryWatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn grants_naming_a_missing_module_are_reported_at_every_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let grants = crate::plugin::Grants::from_yaml(
+            "modules: { hostpth: { limits: { timeoutSeconds: 5 } } }",
+            "grants.yaml",
+        )
+        .unwrap();
+        let runtime = Runtime::new(crate::plugin::RuntimeConfig {
+            grants,
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..2 {
+            let report = runtime.sync_dir(dir.path()).await.unwrap();
+            assert_eq!(report.grants_without_module, ["hostpth"]);
+            assert_eq!(runtime.metrics().grants_without_module(), ["hostpth"]);
+        }
+        std::fs::write(dir.path().join("hostpth.wasm"), b"not wasm").unwrap();
+        let report = runtime.sync_dir(dir.path()).await.unwrap();
+        assert!(report.grants_without_module.is_empty());
+        assert!(runtime.metrics().grants_without_module().is_empty());
+    }
 
     #[test]
     fn lists_modules_through_configmap_symlinks() {

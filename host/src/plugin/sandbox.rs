@@ -78,9 +78,35 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     Provisioner::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |state| state)?;
     Ok(linker)
 }
+    deny_symlink_creation(&mut linker)?;
 
 /// What a module version's calls are sandboxed with.
 #[derive(Debug, Clone)]
+/// The WASI filesystem interface version wasmtime-wasi 48 provides (guests importing
+/// any 0.2.x version are matched to it).
+const WASI_FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+
+/// Replaces `descriptor.symlink-at` with one that always answers `not-permitted`.
+/// WASI lets a guest create a symlink with any relative target inside a writable grant;
+/// the sandbox never follows it, but other readers of the same directory do: kubelet
+/// mounting a hostPath the module published (`pvc-x -> ../../..` is the node's `/`), the
+/// host opening a grant below it, a backup job. A provisioner has no need for symlinks.
+fn deny_symlink_creation(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::filesystem::Descriptor;
+    use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
+
+    linker.allow_shadowing(true);
+    linker.instance(WASI_FILESYSTEM_TYPES)?.func_wrap_async(
+        "[method]descriptor.symlink-at",
+        |_store, (_dir, _target, _link): (Resource<Descriptor>, String, String)| {
+            Box::new(async { Ok((Err::<(), ErrorCode>(ErrorCode::NotPermitted),)) })
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
 pub(crate) struct Sandbox {
     pub(crate) module: Arc<str>,
     pub(crate) version: Arc<str>,

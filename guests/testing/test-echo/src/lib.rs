@@ -1,6 +1,6 @@
 //! Echoes the request back, for the host's tests to check what a plugin is given.
 //!
-//! `provision` answers a hostPath volume `/echo/<volume-name>` (capacity: the request, or
+//! `provision` answers a hostPath volume `/echo/<volume-name>` (type DirectoryOrCreate; capacity: the request, or
 //! class parameter `capacityBytes`; node affinity to the selected node, if any) with
 //! annotations holding JSON (Kubernetes field names):
 //! `echo/volume-name`, `echo/claim`, `echo/class`, `echo/parameters`,
@@ -199,12 +199,15 @@ impl Provisioner for Echo {
                 ("labels", json::map(&n.labels)),
             ])
         });
-        let mut volume = Volume::new(capacity, VolumeSource::host_path(path, None))
-            .annotate("echo/volume-name", req.volume_name.as_str())
-            .annotate("echo/claim", claim(&req.claim))
-            .annotate("echo/class", class(&req.class))
-            .annotate("echo/parameters", json::map(&req.class.parameters))
-            .annotate("echo/selected-node", node_json);
+        let mut volume = Volume::new(
+            capacity,
+            VolumeSource::host_path(path, Some("DirectoryOrCreate")),
+        )
+        .annotate("echo/volume-name", req.volume_name.as_str())
+        .annotate("echo/claim", claim(&req.claim))
+        .annotate("echo/class", class(&req.class))
+        .annotate("echo/parameters", json::map(&req.class.parameters))
+        .annotate("echo/selected-node", node_json);
         if let Some(version) = params.get("version") {
             volume = volume.annotate("echo/version", version);
         }
@@ -264,7 +267,10 @@ mod tests {
         assert_eq!(v.node_affinity, sdk::hostname_affinity("n1"));
         assert_eq!(
             v.source,
-            VolumeSource::host_path(format!("/echo/{}", req.volume_name), None)
+            VolumeSource::host_path(
+                format!("/echo/{}", req.volume_name),
+                Some("DirectoryOrCreate")
+            )
         );
     }
 

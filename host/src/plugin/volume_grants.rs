@@ -1,0 +1,802 @@
+//! Volume-source grants: which volume sources a module may publish as a PV.
+//!
+//! A PV's volume source is what kubelet mounts into a tenant's pod, with the node's
+//! authority: `hostPath: /` is root on the node, a CSI `nodePublishSecretRef` naming a
+//! Secret in `kube-system` hands that Secret to the driver on the tenant's behalf. So the
+//! host checks every volume a module answers against the module's `volumes` grants in the
+//! admin's grants file before anything is published, default deny: a module without a
+//! grant of a source kind cannot publish that kind at all.
+//!
+//! ```yaml
+//! modules:
+//!   hostpath:
+//!     volumes:
+//!       hostPath: [{ pathPrefix: /var/lib/wasm-provisioner/hostpath }]   # types: [Directory, DirectoryOrCreate]
+//!       local:    [{ pathPrefix: /mnt/disks }]
+//!   nfs-subdir:
+//!     volumes:
+//!       nfs:      [{ server: nfs.example.com, pathPrefix: /exports }]
+//!   cloud:
+//!     volumes:
+//!       csi:      [{ driver: ebs.csi.aws.com, secrets: [kube-system/ebs-publish] }]
+//!       iscsi:    [{ portals: ["10.0.0.5:3260"], secrets: [storage/chap] }]
+//!       other:    { cephfs: { secrets: [ceph/admin] } }
+//! ```
+//!
+//! Rules. Paths are compared after checking they are absolute and already normal (no
+//! `.`, `..` or empty components): a hostPath or local path must lie strictly below a
+//! granted prefix (the prefix itself would hand one claim every volume), an NFS path at
+//! or below one on the granted server; a hostPath `type` must be set and one of the
+//! grant's directory kinds. Every secret reference anywhere in the source (all CSI
+//! `*SecretRef`s, `secretRef` of iSCSI and the other kinds, azureFile's `secretName`)
+//! must name a namespace and be listed, as `namespace/name`, by the grant that allowed
+//! the source; a field that looks like a secret but is not a known reference is refused.
+//! Any source kind other than the five typed ones needs an `other` grant by its key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Component, Path};
+
+use k8s_openapi::api::core::v1::PersistentVolumeSpec;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::volume::SOURCE_KEYS;
+
+/// hostPath types a grant may allow: the directory kinds. `""` (no check), `File`,
+/// `Socket`, `CharDevice` and `BlockDevice` would let a module hand out node files,
+/// sockets (`/var/run/docker.sock`) and devices.
+pub const DIRECTORY_TYPES: [&str; 2] = ["Directory", "DirectoryOrCreate"];
+
+/// The typed kinds; anything else in [`SOURCE_KEYS`] is an `other` kind.
+const TYPED_KINDS: [&str; 5] = ["hostPath", "local", "nfs", "csi", "iscsi"];
+
+/// A Secret a source may reference, `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SecretName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for SecretName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// hostPath or local: a node directory below which volumes may be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathGrant {
+    pub path_prefix: String,
+    /// hostPath types allowed (a subset of [`DIRECTORY_TYPES`]); unused for local.
+    pub types: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NfsGrant {
+    /// Lowercase server name or address.
+    pub server: String,
+    pub path_prefix: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsiGrant {
+    pub driver: String,
+    pub secrets: Vec<SecretName>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IscsiGrant {
+    /// `host:port` portals; the target portal and every extra portal must be listed.
+    pub portals: Vec<String>,
+    pub secrets: Vec<SecretName>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OtherGrant {
+    pub secrets: Vec<SecretName>,
+}
+
+/// Everything a module may publish. The default publishes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VolumeGrants {
+    pub host_path: Vec<PathGrant>,
+    pub local: Vec<PathGrant>,
+    pub nfs: Vec<NfsGrant>,
+    pub csi: Vec<CsiGrant>,
+    pub iscsi: Vec<IscsiGrant>,
+    /// By PersistentVolumeSource key, such as `cephfs`.
+    pub other: BTreeMap<String, OtherGrant>,
+}
+
+/// A volume source a module may not publish: which rule refused it and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "module {module} may not publish volume {volume}: {reason} (rule {rule}); nothing was published. If the module should publish it, the cluster admin grants it in modules.{module}.volumes of the grants file"
+)]
+pub struct SourceRefused {
+    pub module: String,
+    pub volume: String,
+    /// The grants-file field whose rule refused the source, e.g.
+    /// `modules.hostpath.volumes.hostPath`.
+    pub rule: String,
+    pub reason: String,
+}
+
+impl VolumeGrants {
+    /// Checks the volume source of `spec`, the PV that `module`'s answer for `volume`
+    /// became. `Ok` only when one grant covers the source and every secret it names.
+    pub fn check(
+        &self,
+        module: &str,
+        volume: &str,
+        spec: &PersistentVolumeSpec,
+    ) -> Result<(), SourceRefused> {
+        let refuse = |rule: String, reason: String| SourceRefused {
+            module: module.to_string(),
+            volume: volume.to_string(),
+            rule,
+            reason,
+        };
+        let base = format!("modules.{module}.volumes");
+        let spec = serde_json::to_value(spec).unwrap_or(Value::Null);
+        let present: Vec<(&str, &Value)> = SOURCE_KEYS
+            .into_iter()
+            .filter_map(|key| spec.get(key).filter(|v| !v.is_null()).map(|v| (key, v)))
+            .collect();
+        let [(kind, source)] = present.as_slice() else {
+            return Err(refuse(
+                base,
+                format!("it has {} volume sources; exactly one is needed", present.len()),
+            ));
+        };
+        let (kind, empty) = (*kind, Map::new());
+        let source_object = source.as_object().unwrap_or(&empty);
+        let field = |name: &str| source_object.get(name).and_then(Value::as_str);
+        let rule = if TYPED_KINDS.contains(&kind) {
+            format!("{base}.{kind}")
+        } else {
+            format!("{base}.other.{kind}")
+        };
+
+        // The grant that covers the source: the secrets it lists.
+        let secrets: &[SecretName] = match kind {
+            "hostPath" | "local" => {
+                let grants = if kind == "hostPath" {
+                    &self.host_path
+                } else {
+                    &self.local
+                };
+                let path = field("path").unwrap_or_default();
+                if grants.is_empty() {
+                    return Err(refuse(rule, format!("no {kind} grant (default deny)")));
+                }
+                normal_path(path).map_err(|why| {
+                    refuse(rule.clone(), format!("{kind} path {path:?} {why}"))
+                })?;
+                let Some(grant) = grants
+                    .iter()
+                    .find(|g| strictly_below(path, &g.path_prefix))
+                else {
+                    return Err(refuse(
+                        rule,
+                        format!(
+                            "{kind} path {path:?} is not below a granted pathPrefix ({})",
+                            prefixes(grants.iter().map(|g| g.path_prefix.as_str()))
+                        ),
+                    ));
+                };
+                if kind == "hostPath" {
+                    let path_type = field("type").unwrap_or_default();
+                    if !grant.types.iter().any(|t| t == path_type) {
+                        return Err(refuse(
+                            format!("{rule}.types"),
+                            format!(
+                                "hostPath type {path_type:?} of {path:?} is not one of the granted types ({}); a module must set the type to a directory kind",
+                                grant.types.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                &[]
+            }
+            "nfs" => {
+                let server = field("server").unwrap_or_default();
+                let path = field("path").unwrap_or_default();
+                if self.nfs.is_empty() {
+                    return Err(refuse(rule, "no nfs grant (default deny)".into()));
+                }
+                normal_path(path)
+                    .map_err(|why| refuse(rule.clone(), format!("nfs path {path:?} {why}")))?;
+                let server_normal = server.trim_end_matches('.').to_ascii_lowercase();
+                let on_server: Vec<&NfsGrant> = self
+                    .nfs
+                    .iter()
+                    .filter(|g| g.server == server_normal)
+                    .collect();
+                if on_server.is_empty() {
+                    return Err(refuse(
+                        rule,
+                        format!(
+                            "nfs server {server:?} is not granted ({})",
+                            prefixes(self.nfs.iter().map(|g| g.server.as_str()))
+                        ),
+                    ));
+                }
+                if !on_server
+                    .iter()
+                    .any(|g| at_or_below(path, &g.path_prefix))
+                {
+                    return Err(refuse(
+                        rule,
+                        format!(
+                            "nfs path {path:?} on {server} is not at or below a granted pathPrefix ({})",
+                            prefixes(on_server.iter().map(|g| g.path_prefix.as_str()))
+                        ),
+                    ));
+                }
+                &[]
+            }
+            "csi" => {
+                let driver = field("driver").unwrap_or_default();
+                if self.csi.is_empty() {
+                    return Err(refuse(rule, "no csi grant (default deny)".into()));
+                }
+                let Some(grant) = self.csi.iter().find(|g| g.driver == driver) else {
+                    return Err(refuse(
+                        rule,
+                        format!(
+                            "csi driver {driver:?} is not granted ({})",
+                            prefixes(self.csi.iter().map(|g| g.driver.as_str()))
+                        ),
+                    ));
+                };
+                &grant.secrets
+            }
+            "iscsi" => {
+                if self.iscsi.is_empty() {
+                    return Err(refuse(rule, "no iscsi grant (default deny)".into()));
+                }
+                let mut portals: Vec<&str> = field("targetPortal").into_iter().collect();
+                portals.extend(
+                    source_object
+                        .get("portals")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str),
+                );
+                let Some(grant) = self
+                    .iscsi
+                    .iter()
+                    .find(|g| portals.iter().all(|p| g.portals.iter().any(|a| a == p)))
+                else {
+                    return Err(refuse(
+                        rule,
+                        format!(
+                            "iscsi portals {} are not all listed by one grant",
+                            portals.join(", ")
+                        ),
+                    ));
+                };
+                &grant.secrets
+            }
+            other => match self.other.get(other) {
+                Some(grant) => &grant.secrets,
+                None => {
+                    return Err(refuse(
+                        rule,
+                        format!("no grant for {other} volumes (default deny)"),
+                    ));
+                }
+            },
+        };
+
+        let mut references = Vec::new();
+        secret_references(source, kind, &mut references);
+        for reference in references {
+            match reference {
+                SecretReference::Named(secret) if secrets.contains(&secret) => {}
+                SecretReference::Named(secret) => {
+                    return Err(refuse(
+                        format!("{rule}.secrets"),
+                        format!("it references Secret {secret}, which its grant does not list"),
+                    ));
+                }
+                SecretReference::Unusable { at, why } => {
+                    return Err(refuse(format!("{rule}.secrets"), format!("{at}: {why}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether nothing may be published.
+    pub fn is_empty(&self) -> bool {
+        self == &VolumeGrants::default()
+    }
+}
+
+fn prefixes<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let items: Vec<&str> = items.collect();
+    format!("granted: {}", items.join(", "))
+}
+
+/// `Ok` when `path` is absolute and normal: no `.`, `..` or empty components and no
+/// trailing `/`, so that comparing it with a prefix means what it says.
+fn normal_path(path: &str) -> Result<(), &'static str> {
+    if !path.starts_with('/') {
+        return Err("is not an absolute path");
+    }
+    if path == "/" {
+        return Ok(());
+    }
+    if path[1..]
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return Err("is not a normal path (no '.', '..', '//' or trailing '/' allowed)");
+    }
+    Ok(())
+}
+
+fn at_or_below(path: &str, prefix: &str) -> bool {
+    Path::new(path).starts_with(prefix)
+}
+
+fn strictly_below(path: &str, prefix: &str) -> bool {
+    at_or_below(path, prefix) && Path::new(path) != Path::new(prefix)
+}
+
+/// A secret reference found in a source.
+#[derive(Debug, PartialEq, Eq)]
+enum SecretReference {
+    Named(SecretName),
+    /// A field that refers to a secret in a way that cannot be checked.
+    Unusable { at: String, why: &'static str },
+}
+
+/// Collects every secret reference in `value` (the source object at `at`): objects
+/// under `secretRef` or `*SecretRef`, and azureFile's `secretName`/`secretNamespace`.
+/// Any other field whose name mentions a secret (`secretFile`, `keyring`-like fields of
+/// future kinds) is unusable: default deny. CSI `volumeAttributes` is the driver's own
+/// string map and is not searched.
+fn secret_references(value: &Value, at: &str, out: &mut Vec<SecretReference>) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                let here = format!("{at}.{key}");
+                if key == "volumeAttributes" || item.is_null() {
+                    continue;
+                }
+                if key == "secretRef" || key.ends_with("SecretRef") {
+                    out.push(named(
+                        item.get("namespace").and_then(Value::as_str),
+                        item.get("name").and_then(Value::as_str),
+                        here,
+                    ));
+                } else if key == "secretName" {
+                    out.push(named(
+                        map.get("secretNamespace").and_then(Value::as_str),
+                        item.as_str(),
+                        here,
+                    ));
+                } else if key == "secretNamespace" {
+                    // Read with secretName.
+                } else if key.to_ascii_lowercase().contains("secret") {
+                    out.push(SecretReference::Unusable {
+                        at: here,
+                        why: "a secret field the host cannot check (only secret references by namespace and name can be granted)",
+                    });
+                } else {
+                    secret_references(item, &here, out);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                secret_references(item, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn named(namespace: Option<&str>, name: Option<&str>, at: String) -> SecretReference {
+    match (namespace.filter(|n| !n.is_empty()), name.filter(|n| !n.is_empty())) {
+        (Some(namespace), Some(name)) => SecretReference::Named(SecretName {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }),
+        (None, _) => SecretReference::Unusable {
+            at,
+            why: "a secret reference without a namespace (its namespace would be implied; name it)",
+        },
+        (_, None) => SecretReference::Unusable {
+            at,
+            why: "a secret reference without a name",
+        },
+    }
+}
+
+// ---- the `volumes` section as written ------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct VolumesFile {
+    #[serde(default)]
+    host_path: Vec<HostPathFile>,
+    #[serde(default)]
+    local: Vec<LocalFile>,
+    #[serde(default)]
+    nfs: Vec<NfsFile>,
+    #[serde(default)]
+    csi: Vec<CsiFile>,
+    #[serde(default)]
+    iscsi: Vec<IscsiFile>,
+    #[serde(default)]
+    other: BTreeMap<String, OtherFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct HostPathFile {
+    path_prefix: String,
+    types: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct LocalFile {
+    path_prefix: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct NfsFile {
+    server: String,
+    path_prefix: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CsiFile {
+    driver: String,
+    #[serde(default)]
+    secrets: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct IscsiFile {
+    portals: Vec<String>,
+    #[serde(default)]
+    secrets: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct OtherFile {
+    #[serde(default)]
+    secrets: Vec<String>,
+}
+
+impl VolumesFile {
+    /// The grants, with every problem (naming its field under `at`) added to `problems`.
+    pub(super) fn validate(self, at: &str, problems: &mut Vec<String>) -> VolumeGrants {
+        let mut grants = VolumeGrants::default();
+        for (i, entry) in self.host_path.into_iter().enumerate() {
+            let field = format!("{at}.hostPath[{i}]");
+            let Some(path_prefix) = prefix(&entry.path_prefix, &field, false, problems) else {
+                continue;
+            };
+            let types = entry
+                .types
+                .unwrap_or_else(|| DIRECTORY_TYPES.map(str::to_string).to_vec());
+            let bad: Vec<&String> = types
+                .iter()
+                .filter(|t| !DIRECTORY_TYPES.contains(&t.as_str()))
+                .collect();
+            if types.is_empty() || !bad.is_empty() {
+                problems.push(format!(
+                    "{field}.types {types:?}: only directory kinds can be granted ({}); files, sockets and devices of a node are never handed out",
+                    DIRECTORY_TYPES.join(", ")
+                ));
+                continue;
+            }
+            grants.host_path.push(PathGrant { path_prefix, types });
+        }
+        for (i, entry) in self.local.into_iter().enumerate() {
+            let field = format!("{at}.local[{i}]");
+            if let Some(path_prefix) = prefix(&entry.path_prefix, &field, false, problems) {
+                grants.local.push(PathGrant {
+                    path_prefix,
+                    types: Vec::new(),
+                });
+            }
+        }
+        for (i, entry) in self.nfs.into_iter().enumerate() {
+            let field = format!("{at}.nfs[{i}]");
+            let server = entry.server.trim_end_matches('.').to_ascii_lowercase();
+            if server.is_empty() || server.contains(['/', ' ']) {
+                problems.push(format!(
+                    "{field}.server {:?}: must be a host name or address",
+                    entry.server
+                ));
+                continue;
+            }
+            if let Some(path_prefix) = prefix(&entry.path_prefix, &field, true, problems) {
+                grants.nfs.push(NfsGrant {
+                    server,
+                    path_prefix,
+                });
+            }
+        }
+        for (i, entry) in self.csi.into_iter().enumerate() {
+            let field = format!("{at}.csi[{i}]");
+            if entry.driver.is_empty() {
+                problems.push(format!("{field}.driver: must name the CSI driver"));
+                continue;
+            }
+            grants.csi.push(CsiGrant {
+                driver: entry.driver,
+                secrets: secret_names(&entry.secrets, &field, problems),
+            });
+        }
+        for (i, entry) in self.iscsi.into_iter().enumerate() {
+            let field = format!("{at}.iscsi[{i}]");
+            if entry.portals.is_empty() || entry.portals.iter().any(|p| p.is_empty()) {
+                problems.push(format!(
+                    "{field}.portals: must list the portals (host:port) the module may use"
+                ));
+                continue;
+            }
+            grants.iscsi.push(IscsiGrant {
+                portals: entry.portals,
+                secrets: secret_names(&entry.secrets, &field, problems),
+            });
+        }
+        for (kind, entry) in self.other {
+            let field = format!("{at}.other.{kind}");
+            if TYPED_KINDS.contains(&kind.as_str()) {
+                problems.push(format!(
+                    "{field}: {kind} has its own rules; grant it as {at}.{kind}"
+                ));
+                continue;
+            }
+            if !SOURCE_KEYS.contains(&kind.as_str()) {
+                problems.push(format!(
+                    "{field}: {kind:?} is not a PersistentVolume source; use one of {}",
+                    SOURCE_KEYS
+                        .iter()
+                        .filter(|k| !TYPED_KINDS.contains(k))
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                continue;
+            }
+            let secrets = secret_names(&entry.secrets, &field, problems);
+            grants.other.insert(kind, OtherGrant { secrets });
+        }
+        grants
+    }
+}
+
+/// A `pathPrefix`: absolute and normal; `/` only where `root_allowed` (an NFS export
+/// root is one server's, a node's root is the whole node).
+fn prefix(
+    text: &str,
+    field: &str,
+    root_allowed: bool,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let trimmed = if text.len() > 1 {
+        text.trim_end_matches('/')
+    } else {
+        text
+    };
+    if let Err(why) = normal_path(trimmed) {
+        problems.push(format!("{field}.pathPrefix {text:?}: {why}"));
+        return None;
+    }
+    if !root_allowed && Path::new(trimmed).components().all(|c| c == Component::RootDir) {
+        problems.push(format!(
+            "{field}.pathPrefix {text:?}: / would grant the whole node; name the directory volumes live in"
+        ));
+        return None;
+    }
+    Some(trimmed.to_string())
+}
+
+fn secret_names(texts: &[String], field: &str, problems: &mut Vec<String>) -> Vec<SecretName> {
+    let mut names = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        match text.split_once('/') {
+            Some((namespace, name))
+                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+            {
+                names.push(SecretName {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                });
+            }
+            _ => problems.push(format!(
+                "{field}.secrets[{i}] {text:?}: must be namespace/name of one Secret"
+            )),
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn grants(yaml: &str) -> Result<VolumeGrants, Vec<String>> {
+        let file: VolumesFile = serde_yaml::from_str(yaml).expect("valid YAML");
+        let mut problems = Vec::new();
+        let grants = file.validate("modules.m.volumes", &mut problems);
+        if problems.is_empty() {
+            Ok(grants)
+        } else {
+            Err(problems)
+        }
+    }
+
+    fn spec(source: Value) -> PersistentVolumeSpec {
+        serde_json::from_value(source).expect("a PV spec")
+    }
+
+    fn check(grants: &VolumeGrants, source: Value) -> Result<(), SourceRefused> {
+        grants.check("m", "pvc-1", &spec(source))
+    }
+
+    fn refused_rule(grants: &VolumeGrants, source: Value) -> String {
+        let error = check(grants, source).expect_err("refused");
+        assert!(
+            error.to_string().contains("nothing was published"),
+            "{error}"
+        );
+        error.rule
+    }
+
+    #[test]
+    fn nothing_is_granted_by_default() {
+        let none = VolumeGrants::default();
+        for source in [
+            json!({"hostPath": {"path": "/", "type": "Directory"}}),
+            json!({"local": {"path": "/mnt/x"}}),
+            json!({"nfs": {"server": "a", "path": "/x"}}),
+            json!({"csi": {"driver": "d", "volumeHandle": "h"}}),
+            json!({"iscsi": {"targetPortal": "1.2.3.4:3260", "iqn": "i", "lun": 0}}),
+            json!({"cephfs": {"monitors": ["m"]}}),
+        ] {
+            let error = check(&none, source.clone()).expect_err("default deny");
+            assert!(error.reason.contains("default deny"), "{source}: {error}");
+        }
+    }
+
+    #[test]
+    fn host_path_must_be_below_a_prefix_normal_and_a_directory_kind() {
+        let g = grants("hostPath: [{ pathPrefix: /var/lib/wp/hostpath/ }]").unwrap();
+        assert_eq!(g.host_path[0].path_prefix, "/var/lib/wp/hostpath");
+        check(
+            &g,
+            json!({"hostPath": {"path": "/var/lib/wp/hostpath/pvc-1", "type": "Directory"}}),
+        )
+        .unwrap();
+        for path in [
+            "/",
+            "/var/run/docker.sock",
+            "/var/lib/wp/hostpath",
+            "/var/lib/wp/hostpathx/pvc",
+            "/var/lib/wp/hostpath/../../../etc",
+            "/var/lib/wp/hostpath/./pvc",
+            "/var/lib/wp/hostpath//pvc",
+            "var/lib/wp/hostpath/pvc",
+        ] {
+            let rule = refused_rule(
+                &g,
+                json!({"hostPath": {"path": path, "type": "DirectoryOrCreate"}}),
+            );
+            assert_eq!(rule, "modules.m.volumes.hostPath", "{path}");
+        }
+        for path_type in [None, Some(""), Some("Socket"), Some("File"), Some("CharDevice")] {
+            let rule = refused_rule(
+                &g,
+                json!({"hostPath": {"path": "/var/lib/wp/hostpath/pvc-1", "type": path_type}}),
+            );
+            assert_eq!(rule, "modules.m.volumes.hostPath.types", "{path_type:?}");
+        }
+    }
+
+    #[test]
+    fn grants_refuse_non_directory_types_and_the_root_prefix() {
+        let problems = grants("hostPath: [{ pathPrefix: /x, types: [Socket] }, { pathPrefix: / }, { pathPrefix: /a/../b }]")
+            .unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("hostPath[0].types"), "{problems:?}");
+        assert!(problems[1].contains("whole node"), "{problems:?}");
+        assert!(problems[2].contains("hostPath[2].pathPrefix"), "{problems:?}");
+    }
+
+    #[test]
+    fn nfs_needs_the_granted_server_and_prefix() {
+        let g = grants("nfs: [{ server: NFS.example.com., pathPrefix: /exports }]").unwrap();
+        check(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/exports/a"}})).unwrap();
+        check(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/exports"}})).unwrap();
+        refused_rule(&g, json!({"nfs": {"server": "evil.example.com", "path": "/exports/a"}}));
+        refused_rule(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/"}}));
+        refused_rule(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/exports/../etc"}}));
+    }
+
+    #[test]
+    fn csi_secrets_must_be_named_by_the_grant() {
+        let g = grants("csi: [{ driver: d.example.com, secrets: [storage/publish] }]").unwrap();
+        check(&g, json!({"csi": {"driver": "d.example.com", "volumeHandle": "h"}})).unwrap();
+        check(
+            &g,
+            json!({"csi": {"driver": "d.example.com", "volumeHandle": "h",
+                "nodePublishSecretRef": {"name": "publish", "namespace": "storage"}}}),
+        )
+        .unwrap();
+        refused_rule(&g, json!({"csi": {"driver": "other", "volumeHandle": "h"}}));
+        for field in [
+            "nodePublishSecretRef",
+            "nodeStageSecretRef",
+            "controllerPublishSecretRef",
+            "controllerExpandSecretRef",
+            "nodeExpandSecretRef",
+        ] {
+            let rule = refused_rule(
+                &g,
+                json!({"csi": {"driver": "d.example.com", "volumeHandle": "h",
+                    field: {"name": "admin-token", "namespace": "kube-system"}}}),
+            );
+            assert_eq!(rule, "modules.m.volumes.csi.secrets", "{field}");
+        }
+    }
+
+    #[test]
+    fn other_kinds_need_a_grant_by_key_and_their_secrets_too() {
+        let g = grants("other: { cephfs: { secrets: [ceph/admin] } }").unwrap();
+        check(
+            &g,
+            json!({"cephfs": {"monitors": ["m"], "secretRef": {"name": "admin", "namespace": "ceph"}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            refused_rule(&g, json!({"rbd": {"monitors": ["m"], "image": "i"}})),
+            "modules.m.volumes.other.rbd"
+        );
+        // No namespace: refused rather than guessed.
+        refused_rule(&g, json!({"cephfs": {"monitors": ["m"], "secretRef": {"name": "admin"}}}));
+        // A node keyring path is not a reference the grant can name.
+        refused_rule(&g, json!({"cephfs": {"monitors": ["m"], "secretFile": "/etc/ceph/k"}}));
+        let g = grants("other: { azureFile: {} }").unwrap();
+        refused_rule(
+            &g,
+            json!({"azureFile": {"secretName": "s", "secretNamespace": "kube-system", "shareName": "x"}}),
+        );
+        let problems = grants("other: { hostPath: {}, nope: {} }").unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+
+    #[test]
+    fn iscsi_portals_must_all_be_granted() {
+        let g = grants("iscsi: [{ portals: ['10.0.0.5:3260', '10.0.0.6:3260'], secrets: [s/chap] }]")
+            .unwrap();
+        check(
+            &g,
+            json!({"iscsi": {"targetPortal": "10.0.0.5:3260", "portals": ["10.0.0.6:3260"],
+                "iqn": "i", "lun": 0, "secretRef": {"name": "chap", "namespace": "s"}}}),
+        )
+        .unwrap();
+        refused_rule(
+            &g,
+            json!({"iscsi": {"targetPortal": "10.0.0.5:3260", "portals": ["10.9.9.9:3260"], "iqn": "i", "lun": 0}}),
+        );
+    }
+}
