@@ -62,6 +62,11 @@ pub struct PluginArgs {
     /// write; the rest is dropped, counted, and reported once at the end of the call.
     #[arg(long, env = "WASM_PROVISIONER_GUEST_LOG_BYTES_PER_CALL", default_value_t = crate::plugin::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL)]
     pub guest_log_bytes_per_call: usize,
+
+    /// Largest module file read, in bytes: a larger one (or one that turns out larger
+    /// while it is read) is refused like a broken version.
+    #[arg(long, env = "WASM_PROVISIONER_MAX_MODULE_BYTES", default_value_t = crate::plugin::DEFAULT_MAX_MODULE_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_module_bytes: u64,
 }
 
 /// Arguments of `run` (the controller).

@@ -339,13 +339,19 @@ pub fn pv_finalizer_action(pv: &PersistentVolume, provisioner_name: &str) -> Fin
 /// not be taken as success — the double-provision leak of external-provisioner #1469.
 /// Also the test to apply to `AlreadyExists` on PV create.
 pub fn existing_pv_is_this_claims(pv: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool {
+    pv_claim_uid_is(pv, claim) && pv.metadata.deletion_timestamp.is_none()
+}
+
+/// Whether the PV's `claimRef.uid` is the claim's UID: the PV was published for this
+/// very claim (live or on its way out), so it owns the backend volume of its name.
+pub fn pv_claim_uid_is(pv: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool {
     let claim_uid = claim.metadata.uid.as_deref().filter(|u| !u.is_empty());
     let pv_claim_uid = pv
         .spec
         .as_ref()
         .and_then(|s| s.claim_ref.as_ref())
         .and_then(|r| r.uid.as_deref());
-    claim_uid.is_some() && pv_claim_uid == claim_uid && pv.metadata.deletion_timestamp.is_none()
+    claim_uid.is_some() && pv_claim_uid == claim_uid
 }
 
 /// Whether the PV's provisioned-by annotation names `provisioner_name`.

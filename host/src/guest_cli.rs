@@ -271,6 +271,7 @@ async fn load(
         grants,
         cache_dir: plugins.cache_dir.clone(),
         guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
+        max_module_bytes: plugins.max_module_bytes,
     })?;
     let path = plugins.modules.join(format!("{name}.wasm"));
     if !path.is_file() {

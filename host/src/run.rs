@@ -197,6 +197,7 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
         grants,
         cache_dir: plugins.cache_dir.clone(),
         guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
+        max_module_bytes: plugins.max_module_bytes,
     })?;
     let (_watcher, report) = DirectoryWatcher::start(runtime.clone(), plugins.modules.clone())
         .await

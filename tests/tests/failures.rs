@@ -735,3 +735,57 @@ async fn module_missing_at_delete_time_keeps_the_volume() {
     })
     .await;
 }
+
+/// A PV named `pvc-<uid>` that is another claim's (made by hand, or copied) makes every
+/// save of this claim's volume a conflict. When the claim is then deleted, its backend
+/// volume is nobody's: it must be deleted through the module, not left behind because
+/// "a PV of that name exists" (issue 10.9).
+#[tokio::test]
+async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
+    scenario("foreign-pv", async |fx| {
+        fx.install_module("hostpath", "hostpath");
+        let class = fx
+            .class("hostpath", &[("nodePath", "/srv/x")], json!({}))
+            .await?;
+        let claim = fx.claim("data", &class, "1Mi", json!({})).await?;
+        let pv_name = format!("pvc-{}", claim.uid().unwrap_or_default());
+        let foreign: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": { "name": pv_name },
+            "spec": {
+                "capacity": { "storage": "1Mi" },
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": { "path": "/srv/foreign", "type": "Directory" },
+                "claimRef": { "namespace": fx.ctx.namespace, "name": "someone-else",
+                    "uid": "11111111-2222-4333-8444-555555555555" },
+            },
+        }))?;
+        fx.volumes().create(&PostParams::default(), &foreign).await?;
+        let host = fx.host(&[]);
+        let dir = fx.module_data("hostpath").join(&pv_name);
+
+        wait_event(fx, &fx.ctx.namespace, "data", "ProvisioningFailed", |n| {
+            n.contains("not this claim's live volume")
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        ensure!(dir.is_dir(), "the module made the backend volume {}", dir.display());
+
+        fx.claims().delete("data", &DeleteParams::default()).await?;
+        fx.wait_claim("data", "gone", |c| c.is_none())
+            .await
+            .with_context(|| log_tail(&host))?;
+        wait_for("the backend volume deleted", WAIT, || async {
+            Ok((!dir.exists()).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        // The foreign PV is untouched.
+        ensure!(fx.volumes().get_opt(&pv_name).await?.is_some());
+        let _ = fx.volumes().delete(&pv_name, &DeleteParams::default()).await;
+        Ok(())
+    })
+    .await;
+}

@@ -665,13 +665,13 @@ async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action,
     };
     let pv_name = volume_name_for(claim);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    if api
+    let existing = api
         .get_opt(&pv_name)
         .await
-        .map_err(|e| Error::api(claim, e))?
-        .is_some()
-    {
-        // Published: the PV owns the backend volume now.
+        .map_err(|e| Error::api(claim, e))?;
+    if existing.as_ref().is_some_and(|pv| decide::pv_claim_uid_is(pv, claim)) {
+        // Published: the PV owns the backend volume now (and deletes it, if it is on
+        // its way out).
         remove_claim_finalizer(ctx, claim).await?;
         return Ok(Action::await_change());
 /// Deletes, through the module, a backend volume that was made but not published, so
@@ -787,6 +787,8 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
     warn!(%error, "provisioning did not finish; will retry");
     let print = fingerprint(&claim);
     match error {
+    // No PV, or a PV of this name that is another claim's (made by hand, or copied):
+    // the backend volume the module made for this claim is nobody's; delete it.
         Error::Infeasible { class_version, .. } => {
             let delay = ctx.claim_retries.infeasible(&key, class_version);
             ctx.claim_retries.hold(&key, print, delay);

@@ -137,7 +137,10 @@ pub enum LoadError {
         path: String,
         cause: String,
     },
-    #[error("module {module}: {path} is {size} bytes, more than the {max} bytes a module may have")]
+    #[error(
+        "module {module}: {path} is {size} bytes, more than the {max} bytes a module may have; \
+         raise --max-module-bytes if it is legitimate"
+    )]
     TooLarge {
         module: String,
         path: String,

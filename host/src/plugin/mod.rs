@@ -24,20 +24,24 @@ pub mod limits;
 mod log;
 pub mod metrics;
 mod module;
+mod module_file;
 pub mod reload;
 mod runtime;
+mod preopen;
 mod sandbox;
+pub mod volume_grants;
 
 pub use bindings::types;
-pub mod volume_grants;
 pub use error::{Call, CallError, CallTarget, LoadError, ResolveError};
 pub use grants::{Grants, GrantsError, ModuleGrants};
 pub use limits::Limits;
 pub use metrics::{Metrics, ModuleCounters};
 pub use module::{LoadedModule, VERSION_DIGITS};
-pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
-pub use runtime::{LoadOutcome, MAX_MODULE_BYTES, Runtime, RuntimeConfig, RuntimeError};
 pub use volume_grants::{SourceRefused, VolumeGrants};
+pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
+pub use module_file::DEFAULT_MAX_MODULE_BYTES;
+pub use preopen::{GrantDirectoryError, GrantDirectoryProblem};
+pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError};
 
 /// Most characters of a module name.
 pub const MAX_MODULE_NAME: usize = 63;

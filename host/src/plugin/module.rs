@@ -22,6 +22,7 @@ use super::error::{Call, CallError, CallTarget};
 use super::grants::ModuleGrants;
 use super::limits::{Limits, MAX_LIFT_BYTES};
 use super::metrics::Metrics;
+use super::preopen::ModuleDirectories;
 use super::sandbox::{DeadlineExceeded, GuestState, Sandbox};
 
 /// Hex digits of the sha256 used as a module's short version in logs and errors.
@@ -67,6 +68,7 @@ pub(crate) struct ModuleParts {
     pub(crate) pre: ProvisionerPre<GuestState>,
     pub(crate) engine: Engine,
     pub(crate) grants: ModuleGrants,
+    pub(crate) directories: Arc<ModuleDirectories>,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ticker: Arc<EpochTicker>,
@@ -81,6 +83,7 @@ impl LoadedModule {
             parts.name.clone(),
             version.clone(),
             parts.grants,
+            parts.directories,
         ));
         let mut module = LoadedModule {
             name: parts.name,

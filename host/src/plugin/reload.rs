@@ -115,14 +115,10 @@ impl Runtime {
             .filter(|name| !files.contains_key(*name))
             .cloned()
             .collect();
-        for name in &report.grants_without_module {
-            tracing::warn!(
-                module = %name,
-                dir = %dir.display(),
-                "the grants file names module {name}, but the modules directory has no {name}.wasm; \
-                 a typo in the grants file (its grants go unused), or a module not deployed yet"
-            );
-        }
+        // Warned at the first scan, at every reload and whenever the list changes, not at
+        // every quiet re-scan; the metric always holds the current list.
+        let previous = self.metrics().grants_without_module();
+        let first_scan = self.modules().is_empty();
         self.metrics()
             .set_grants_without_module(report.grants_without_module.clone());
         for module in self.modules() {
@@ -136,6 +132,18 @@ impl Runtime {
                 Ok(LoadOutcome::Unchanged) => report.unchanged.push(name),
                 Ok(_) => report.loaded.push(name),
                 Err(error) => report.refused.push(error),
+            }
+        }
+        let reloaded = !report.loaded.is_empty() || !report.removed.is_empty();
+        if first_scan || reloaded || previous != report.grants_without_module {
+            for name in &report.grants_without_module {
+                tracing::warn!(
+                    module = %name,
+                    dir = %dir.display(),
+                    "the grants file names module {name}, but the modules directory has no \
+                     {name}.wasm; a typo in the grants file (its grants go unused), or a module \
+                     not deployed yet"
+                );
             }
         }
         Ok(report)
@@ -164,8 +172,14 @@ impl DirectoryWatcher {
         let (events, mut receiver) = mpsc::channel::<()>(1);
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if let Err(error) = &event {
-                    tracing::warn!("modules directory watch error (re-scanning anyway): {error}");
+                match &event {
+                    Err(error) => tracing::warn!(
+                        "modules directory watch error (re-scanning anyway): {error}"
+                    ),
+                    // Reading the modules (as every scan does) is no change; re-scanning
+                    // on it would scan for ever.
+                    Ok(event) if event.kind.is_access() => return,
+                    Ok(_) => {}
                 }
                 // A full channel already holds a pending re-scan.
                 let _ = events.try_send(());

@@ -10,16 +10,16 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
 
 use super::bindings::ProvisionerPre;
-use super::cache::{CompileOutcome, PrecompiledCache};
+use super::cache::{CacheError, CompileOutcome, PrecompiledCache};
 use super::engine::{EpochTicker, new_engine};
 use super::error::{LoadError, ResolveError};
 use super::grants::Grants;
 use super::metrics::Metrics;
 use super::module::{LoadedModule, ModuleParts, VERSION_DIGITS};
+use super::module_file::{DEFAULT_MAX_MODULE_BYTES, ModuleFileError, read_module_file};
+use super::preopen::{GrantDirectoryError, GrantedDirectories};
 use super::sandbox::{GuestState, linker};
 
-/// Largest module file accepted (Python and JavaScript guests are 12-35 MB).
-pub const MAX_MODULE_BYTES: u64 = 256 * 1024 * 1024;
 /// Compilations running at once: compiling is CPU-heavy and must not starve the
 /// controllers (Cranelift itself compiles functions in parallel).
 pub const COMPILE_CONCURRENCY: usize = 1;
@@ -34,6 +34,8 @@ pub struct RuntimeConfig {
     /// Bytes of log one call may write (`--guest-log-bytes-per-call`); the rest is
     /// dropped and counted.
     pub guest_log_bytes_per_call: usize,
+    /// Largest module file read (`--max-module-bytes`); a larger one is refused.
+    pub max_module_bytes: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -42,6 +44,7 @@ impl Default for RuntimeConfig {
             grants: Grants::default(),
             cache_dir: None,
             guest_log_bytes_per_call: super::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL,
+            max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
         }
     }
 }
@@ -52,10 +55,10 @@ pub enum RuntimeError {
     #[error("cannot configure the WebAssembly engine: {0}")]
     Engine(String),
     #[error("cannot use the precompiled cache directory {dir}: {source}")]
-    Cache {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
+    Cache { dir: PathBuf, source: CacheError },
+    /// A granted directory is, or goes through, a symlink, or is not a directory.
+    #[error("{0}")]
+    Grant(#[from] GrantDirectoryError),
     #[error("cannot start the epoch ticker thread: {0}")]
     Ticker(std::io::Error),
 }
@@ -82,7 +85,10 @@ struct Inner {
     linker: Linker<GuestState>,
     cache: Option<PrecompiledCache>,
     grants: Grants,
+    /// Every granted directory, opened once at start (see `preopen`).
+    directories: GrantedDirectories,
     guest_log_bytes_per_call: usize,
+    max_module_bytes: u64,
     modules: RwLock<BTreeMap<String, Arc<LoadedModule>>>,
     /// The concurrency budget of each module name, shared by all its versions.
     permits: Mutex<HashMap<String, Arc<Semaphore>>>,
@@ -97,7 +103,8 @@ struct Inner {
 }
 
 impl Runtime {
-    /// Builds the engine, the linker and the cache, and starts the epoch ticker.
+    /// Builds the engine, the linker and the cache, opens every granted directory,
+    /// and starts the epoch ticker.
     pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         let engine = new_engine().map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let linker = linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
@@ -110,6 +117,7 @@ impl Runtime {
             })?),
             None => None,
         };
+        let directories = GrantedDirectories::open(&config.grants)?;
         let ticker = Arc::new(EpochTicker::start(&engine).map_err(RuntimeError::Ticker)?);
         Ok(Runtime {
             inner: Arc::new(Inner {
@@ -117,7 +125,9 @@ impl Runtime {
                 linker,
                 cache,
                 grants: config.grants,
+                directories,
                 guest_log_bytes_per_call: config.guest_log_bytes_per_call,
+                max_module_bytes: config.max_module_bytes,
                 modules: RwLock::default(),
                 permits: Mutex::default(),
                 metrics: Arc::default(),
@@ -186,8 +196,14 @@ impl Runtime {
     /// Loads `path` as module `name`: validates it fully (compile, world, `describe`)
     /// and only then puts it in service. On failure the version in service, if any,
     /// keeps serving; the refusal is logged and counted.
+    ///
+    /// The file must be a regular file inside its directory (a symlink is followed only
+    /// if it stays inside) of at most `max_module_bytes` (see `module_file`).
     pub async fn load_file(&self, name: &str, path: &Path) -> Result<LoadOutcome, LoadError> {
-        let bytes = read_module(name, path).inspect_err(|error| self.refused(error))?;
+        let bytes = self
+            .read_module(name, path)
+            .await
+            .inspect_err(|error| self.refused(error))?;
         self.load_bytes(name, bytes).await
     }
 
@@ -305,6 +321,7 @@ impl Runtime {
             pre,
             engine: self.inner.engine.clone(),
             grants,
+            directories: self.inner.directories.for_module(name),
             permits,
             metrics: self.inner.metrics.clone(),
             ticker: self.inner.ticker.clone(),
@@ -379,22 +396,32 @@ impl Runtime {
     fn read_modules(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<LoadedModule>>> {
         self.inner.modules.read().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-fn read_module(name: &str, path: &Path) -> Result<Vec<u8>, LoadError> {
-    let read_error = |cause: std::io::Error| LoadError::Read {
-        module: name.to_string(),
-        path: path.display().to_string(),
-        cause: cause.to_string(),
-    };
-    let size = std::fs::metadata(path).map_err(read_error)?.len();
-    if size > MAX_MODULE_BYTES {
-        return Err(LoadError::TooLarge {
-            module: name.to_string(),
-            path: path.display().to_string(),
-            size,
-            max: MAX_MODULE_BYTES,
-        });
+    /// Reads a module file off the async threads (the modules directory may be a
+    /// network volume).
+    async fn read_module(&self, name: &str, path: &Path) -> Result<Vec<u8>, LoadError> {
+        let max = self.inner.max_module_bytes;
+        let file = path.to_path_buf();
+        let read = tokio::task::spawn_blocking(move || read_module_file(&file, max))
+            .await
+            .unwrap_or_else(|error| {
+                Err(ModuleFileError::Io {
+                    at: path.to_path_buf(),
+                    source: std::io::Error::other(format!("the reading thread failed: {error}")),
+                })
+            });
+        read.map_err(|error| match error {
+            ModuleFileError::TooLarge { size, max, .. } => LoadError::TooLarge {
+                module: name.to_string(),
+                path: path.display().to_string(),
+                size,
+                max,
+            },
+            other => LoadError::Read {
+                module: name.to_string(),
+                path: path.display().to_string(),
+                cause: other.to_string(),
+            },
+        })
     }
-    std::fs::read(path).map_err(read_error)
 }

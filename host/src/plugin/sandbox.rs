@@ -3,21 +3,23 @@
 //!
 //! Nothing is inherited from the host: no environment, no arguments, no stdin, no
 //! preopened directory unless granted, TCP, UDP and name lookups denied, `wasi:http`
-//! refused unless granted. Guest stdout/stderr go to the host log.
+//! refused unless granted. Guest stdout/stderr go to the host log. Granted directories
+//! are the handles opened once at start (`preopen`), never paths looked up per call.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, UpdateDeadline};
-use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{Provisioner, log as wit_log};
-use super::grants::{DirectoryMode, ModuleGrants};
+use super::grants::ModuleGrants;
 use super::http::OutboundHttp;
 use super::limits::MemoryLimiter;
 use super::log::{CallTag, GuestLog};
+use super::preopen::ModuleDirectories;
 
 /// The data of a call's `Store`.
 pub(crate) struct GuestState {
@@ -76,12 +78,10 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     Provisioner::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |state| state)?;
+    deny_symlink_creation(&mut linker)?;
     Ok(linker)
 }
-    deny_symlink_creation(&mut linker)?;
 
-/// What a module version's calls are sandboxed with.
-#[derive(Debug, Clone)]
 /// The WASI filesystem interface version wasmtime-wasi 48 provides (guests importing
 /// any 0.2.x version are matched to it).
 const WASI_FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
@@ -107,21 +107,31 @@ fn deny_symlink_creation(linker: &mut Linker<GuestState>) -> wasmtime::Result<()
     Ok(())
 }
 
+/// What a module version's calls are sandboxed with.
+#[derive(Debug, Clone)]
 pub(crate) struct Sandbox {
     pub(crate) module: Arc<str>,
     pub(crate) version: Arc<str>,
     pub(crate) grants: ModuleGrants,
     http: Arc<[super::grants::HttpGrant]>,
+    /// The granted directories, opened at start.
+    directories: Arc<ModuleDirectories>,
 }
 
 impl Sandbox {
-    pub(crate) fn new(module: Arc<str>, version: Arc<str>, grants: ModuleGrants) -> Self {
+    pub(crate) fn new(
+        module: Arc<str>,
+        version: Arc<str>,
+        grants: ModuleGrants,
+        directories: Arc<ModuleDirectories>,
+    ) -> Self {
         let http = grants.http.clone().into();
         Sandbox {
             module,
             version,
             grants,
             http,
+            directories,
         }
     }
 
@@ -143,22 +153,14 @@ impl Sandbox {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
-        for dir in &self.grants.directories {
-            let perms = match dir.mode {
-                DirectoryMode::ReadOnly => FsPerms::ReadOnly,
-                DirectoryMode::ReadWrite => FsPerms::ReadWrite,
-            };
-            wasi.preopened_dir(&dir.host, &dir.guest, perms)
-                .map_err(|error| {
-                    format!(
-                        "cannot open the granted directory {} (guest path {}): {error:#}",
-                        dir.host.display(),
-                        dir.guest
-                    )
-                })?;
-        }
+        let mut wasi = wasi.build();
+        // The preopens: clones of the handles opened at start (no path lookup here).
+        *wasi.filesystem() = self
+            .directories
+            .filesystem()
+            .map_err(|error| error.to_string())?;
         let state = GuestState {
-            wasi: wasi.build(),
+            wasi,
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
             http_hooks: OutboundHttp {
