@@ -13,8 +13,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasm-provisioner/targe
 
 bash guests/build.sh >/dev/null
 launcher=$(bash tests/controlplane/build.sh)
-# The end-to-end tests run the host binary as a child process.
-cargo build -q -p wasm-provisioner --bin wasm-provisioner
+# The end-to-end tests run the host binary as a child process. Built by the same
+# command as the tests (not `cargo build -p`, whose feature set differs and would build
+# every dependency a second time).
+cargo test -q --workspace --no-run
 
 if [ -z "${KUBECONFIG:-}" ]; then
   plane_dir=$(mktemp -d /tmp/wasm-provisioner-controlplane-XXXXXX)

@@ -761,6 +761,13 @@ async fn discard(
                     remove_claim_finalizer(ctx, claim).await?;
                     Ok(Action::await_change())
                 }
+    // A last look before the caller deletes the backend volume: a create that timed out
+    // may still have been stored, and a live PV must never sit on a deleted volume.
+    if let Ok(Some(existing)) = api.get_opt(&name).await
+        && decide::existing_pv_is_this_claims(&existing, claim)
+    {
+        return Saved::Yes;
+    }
                 Ok(Err(error)) => Err(cleanup_error(format!("plugin delete failed: {error:?}"))),
                 Err(error) => Err(cleanup_error(error.to_string())),
             }
