@@ -2,9 +2,9 @@
 //!
 //! [`dist_dir`] runs `bash guests/build.sh` once per test process (a warm build is a
 //! cargo no-op, well under a second) and returns `guests/dist`, which holds
-//! `<name>.wasm` for every guest: `hostpath`, `nfs-subdir`, `minimal`, and the testing
-//! guests `test-trap`, `test-spin`, `test-memory-bomb`, `test-oversized`, `test-escape`,
-//! `test-network`, `test-describe-trap`, `test-echo`.
+//! `<name>.wasm` for every guest: `hostpath`, `nfs-subdir`, `minimal`, and one testing
+//! guest per crate under `guests/testing/` (`test-echo`, `test-escape`,
+//! `test-symlink-swap`, `test-publish`, ...).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
