@@ -268,5 +268,34 @@ mod tests {
         assert_eq!(args.module.as_deref(), Some("hostpath"));
         assert_eq!(args.provisioner_name, names::DEFAULT_PROVISIONER_NAME);
         assert!(args.plugins.grants.is_none());
+        assert_eq!(args.plugins.max_module_bytes, 64 * 1024 * 1024);
+    }
+
+    #[test]
+    fn max_module_bytes_is_a_positive_byte_count_for_run_and_guest() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
+        let plugins = |cli: Cli| match cli.command {
+            Command::Run(args) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Provision(args),
+            }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Delete(args),
+            }) => args.plugins,
+        };
+        let cli = parse(&["wasm-provisioner", "run", "--max-module-bytes", "1048576"]).unwrap();
+        assert_eq!(plugins(cli).max_module_bytes, 1 << 20);
+        let cli = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "delete",
+            "--volume",
+            "pv.yaml",
+            "--max-module-bytes=4096",
+        ])
+        .unwrap();
+        assert_eq!(plugins(cli).max_module_bytes, 4096);
+        assert!(parse(&["wasm-provisioner", "run", "--max-module-bytes", "0"]).is_err());
+        assert!(parse(&["wasm-provisioner", "run", "--max-module-bytes", "64MiB"]).is_err());
     }
 }
