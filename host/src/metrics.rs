@@ -133,6 +133,8 @@ pub struct Metrics {
     pub guest_call_failures: IntCounterVec,
     /// Items waiting or retrying in each queue (claims, volumes).
     pub queue_depth: IntGaugeVec,
+    /// Items waiting for a worker of their module's share, by module and queue.
+    pub module_waiting: IntGaugeVec,
     /// 1 while this process holds the leader lease.
     pub leader: IntGauge,
 }
@@ -233,6 +235,11 @@ impl Metrics {
                 "wasm_provisioner_queue_depth",
                 "Items waiting for a worker or for their retry, by queue",
                 &["queue"],
+            ),
+            module_waiting: gauge(
+                "wasm_provisioner_module_waiting",
+                "Items waiting because their module holds its whole share of the workers, by module and queue",
+                &["module", "queue"],
             ),
             leader,
             registry,

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 use super::Context;
 use super::finalizers::{self, Edited};
 use super::retry::Next;
+use super::shares;
 use crate::decide::{self, ProvisionDecision, SkipProvision};
 use crate::names;
 use crate::plugin::types::{
@@ -160,6 +161,16 @@ pub async fn reconcile(
         return Ok(Action::requeue(wait));
     }
 
+    // The module's share of the workers: when it holds all of it, the claim waits in the
+    // module's own queue (no failed attempt, no Event), and this worker goes on with
+    // other claims. Checked before the live PV read below, so a waiting claim costs no
+    // API request. Held until the reconcile ends.
+    let _share = match enter_share(&ctx, &claim, class.as_deref()) {
+        ShareEntry::Entered(permit) => Some(permit),
+        ShareEntry::NoModule => None,
+        ShareEntry::Wait => return Ok(Action::requeue(shares::RECHECK)),
+    };
+
     // The cache check: the PV of this claim exists, so provisioning is done. A cache
     // miss is confirmed live: the cache may lag our own create by a moment, and a
     // second provision would count and announce the volume twice.
@@ -233,6 +244,7 @@ pub async fn reconcile(
     .await
     {
         Ok(true) => {}
+        Err(source @ CallError::Busy { .. }) => return Ok(busy(&claim, &source)),
         Ok(false) => {
             info!(claim = %request::claim_key(&claim), module = module.name(), "plugin declined the claim (should-provision said no)");
             return Ok(resync(&ctx));
@@ -241,6 +253,54 @@ pub async fn reconcile(
     }
 
     provision(&ctx, &claim, &class, &module, request).await
+}
+
+/// Whether a claim may use a worker for its module now.
+enum ShareEntry {
+    /// A worker of the module's share, held until the reconcile ends.
+    Entered(shares::SharePermit<PersistentVolumeClaim>),
+    /// No module of ours is loaded for the claim's class: nothing to share.
+    NoModule,
+    /// The module holds its whole share: the claim waits in the module's queue.
+    Wait,
+}
+
+fn enter_share(
+    ctx: &Arc<Context>,
+    claim: &PersistentVolumeClaim,
+    class: Option<&StorageClass>,
+) -> ShareEntry {
+    let module = class
+        .filter(|class| class.provisioner == ctx.settings.provisioner_name)
+        .and_then(|class| class.parameters.as_ref()?.get(names::PARAM_MODULE))
+        .and_then(|name| ctx.runtime.module(name));
+    let Some(module) = module else {
+        return ShareEntry::NoModule;
+    };
+    let object = kube::runtime::reflector::ObjectRef::from_obj(claim);
+    match ctx.claim_shares.try_enter(
+        module.name(),
+        module.limits().max_concurrent_calls,
+        object,
+    ) {
+        Some(permit) => ShareEntry::Entered(permit),
+        None => {
+            tracing::debug!(
+                claim = %request::claim_key(claim),
+                module = module.name(),
+                "the module holds its whole share of the workers; the claim waits for one"
+            );
+            ShareEntry::Wait
+        }
+    }
+}
+
+/// A call refused because the module already runs its `maxConcurrentCalls` (claims and
+/// volumes together can exceed the claim share): not a failed attempt, no Event; the
+/// claim is retried shortly, like a claim waiting for its share.
+fn busy(claim: &PersistentVolumeClaim, source: &CallError) -> Action {
+    info!(claim = %request::claim_key(claim), "{source}; retrying in {:?}", shares::RECHECK);
+    Action::requeue(shares::RECHECK)
 }
 
 /// The PV name of a claim: `pvc-<uid>`.
@@ -464,6 +524,8 @@ async fn provision(
     );
 
     let volume = match answer {
+        // The finalizer stays (harmless: the module did nothing); retried shortly.
+        Err(source @ CallError::Busy { .. }) => return Ok(busy(claim, &source)),
         Err(source) => return Err(call_failed(ctx, claim, class, source).await),
         Ok(Err(error)) => return provision_refused(ctx, claim, class, module, error).await,
         Ok(Ok(volume)) => volume,

@@ -10,6 +10,7 @@ pub mod claims;
 mod events;
 mod finalizers;
 pub mod retry;
+pub mod shares;
 pub mod volumes;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use crate::plugin::Runtime;
 use crate::server::Health;
 pub use events::EventSink;
 pub use retry::{Retries, RetryPolicy};
+pub use shares::WorkerShares;
 
 /// The controllers' knobs, from the `run` flags.
 #[derive(Clone, Debug)]
@@ -70,6 +72,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub claim_retries: Retries,
     pub volume_retries: Retries,
+    /// Each module's share of the claim workers ([`shares`]).
+    pub claim_shares: Arc<WorkerShares<PersistentVolumeClaim>>,
 }
 
 impl Context {
@@ -139,8 +143,13 @@ pub async fn run(
     let nodes = reflect(nodes_api, watcher_stop.clone());
 
     let config = kube::runtime::controller::Config::default().concurrency(settings.threads);
-    let claim_controller =
-        Controller::new(claims_api, watcher::Config::default()).with_config(config.clone());
+    // A claim waiting for its module's share of the workers is reconciled again when a
+    // worker of that share frees.
+    let (claim_shares, claim_wakeups) =
+        WorkerShares::new("claims", settings.threads, metrics.module_waiting.clone());
+    let claim_controller = Controller::new(claims_api, watcher::Config::default())
+        .with_config(config.clone())
+        .reconcile_on(claim_wakeups);
     let claims = claim_controller.store();
     // A class change (for example a fixed parameter) retries its claims at once,
     // resetting infeasible back-off.
@@ -178,6 +187,7 @@ pub async fn run(
             failure_threshold: settings.failed_delete_threshold,
             ..settings.retry.clone()
         }),
+        claim_shares,
         settings,
         runtime,
         claims: claims.clone(),

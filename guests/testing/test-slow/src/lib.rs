@@ -1,8 +1,9 @@
 //! A slow backend on purpose, for the fairness tests: `provision` takes class parameter
 //! `sleepMillis` (default 2000) before answering a hostPath volume
-//! `/srv/slow/<volume-name>`. `mode: sleep` (the default) waits on the WASI monotonic
-//! clock, as a guest waiting for a slow storage API would; `mode: spin` busy-waits,
-//! polling the clock, as a CPU-bound guest would. `delete` answers at once.
+//! `/srv/slow/<volume-name>` (type DirectoryOrCreate). `mode: sleep` (the default) waits
+//! on the WASI monotonic clock, as a guest waiting for a slow storage API would; `mode:
+//! spin` busy-waits, polling the clock, as a CPU-bound guest would. `delete` answers at
+//! once.
 use std::time::{Duration, Instant};
 
 use wasm_provisioner_sdk::{self as sdk, prelude::*};
@@ -41,7 +42,10 @@ impl Provisioner for Slow {
         wait(&req.class.parameters)?;
         Ok(Volume::new(
             req.claim.requested_bytes,
-            VolumeSource::host_path(format!("/srv/slow/{}", req.volume_name), None),
+            VolumeSource::host_path(
+                format!("/srv/slow/{}", req.volume_name),
+                Some("DirectoryOrCreate"),
+            ),
         ))
     }
     fn delete(_req: &DeleteRequest) -> Result<(), DeleteError> {

@@ -1,0 +1,146 @@
+//! One slow module must not starve the others (issue 9, item 4), on the real control
+//! plane.
+//!
+//! The host runs with 4 claim workers. Module `slow` (the `test-slow` guest) takes 2 s
+//! per provision and may run 8 calls at once (the default `maxConcurrentCalls`), so
+//! without per-module shares 24 of its claims occupy every worker for ~12 s and a claim
+//! of the fast module `echo` waits behind them. With shares, `slow` holds at most
+//! `threads - 1` = 3 workers, its other claims wait in its own queue (no failed attempt,
+//! no Warning Event), and a claim of `echo` binds about as fast as on an idle host.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde_json::json;
+use wasm_provisioner_tests::cluster::wait_for;
+use wasm_provisioner_tests::fixture::{Fixture, WAIT};
+
+/// Claims of the slow class created at once: 8 rounds of its 3-worker share.
+const SLOW_CLAIMS: usize = 24;
+/// How long the slow module takes per provision.
+const SLOW_MILLIS: u64 = 2000;
+/// Fast claims timed on the idle host, then under load. The criterion: the median
+/// loaded bind is within twice the slowest idle bind (one sample on this shared 2-core
+/// machine can stall for a scheduling hiccup; without shares it takes seconds).
+const SAMPLES: usize = 5;
+
+/// Creates claim `name` of `class` and returns how long it took to be Bound (polled
+/// every 20 ms: the idle time is a fraction of a second).
+async fn time_to_bound(fx: &Fixture, name: &str, class: &str) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    fx.claim(name, class, "1Mi", json!({})).await?;
+    let claims = fx.claims();
+    let deadline = started + WAIT;
+    loop {
+        let claim = claims.get(name).await?;
+        if claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
+            return Ok(started.elapsed());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "claim {name} of class {class} not Bound after {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_slow_module_at_its_limit_does_not_starve_a_fast_one() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("fairness").await?;
+    fx.write_grants(&["echo", "slow"])?;
+    fx.install_module("test-echo", "echo");
+    fx.install_module("test-slow", "slow");
+    let fast = fx.class("echo", &[], json!({})).await?;
+    let slow = fx
+        .class(
+            "slow",
+            &[("sleepMillis", &SLOW_MILLIS.to_string())],
+            json!({}),
+        )
+        .await?;
+    let host = fx.host(&["--threads=4"]);
+
+    // Idle: the slowest of a few fast claims on a host with nothing else to do.
+    let mut idle = Duration::ZERO;
+    for i in 0..SAMPLES {
+        let took = time_to_bound(&fx, &format!("idle-{i}"), &fast).await?;
+        eprintln!("idle fast claim {i}: {took:?}");
+        idle = idle.max(took);
+    }
+
+    // Load: the slow module's claims, all at once, then fast claims while they run.
+    for i in 0..SLOW_CLAIMS {
+        fx.claim(&format!("slow-{i}"), &slow, "1Mi", json!({}))
+            .await?;
+    }
+    // Let the slow module's calls fill the workers it may have.
+    wait_for("the slow module's calls to run", WAIT, || async {
+        Ok(host
+            .metric(r#"wasm_provisioner_operations_in_flight{operation="provision"}"#)
+            .filter(|running| *running >= 3.0))
+    })
+    .await
+    .with_context(|| format!("host log:\n{}", host.log_text()))?;
+    let started_load = Instant::now();
+    let waiting_now = || {
+        host.metric(r#"wasm_provisioner_module_waiting{module="slow",queue="claims"}"#)
+            .unwrap_or(0.0)
+    };
+    let mut waiting = waiting_now();
+    let mut loaded = Vec::new();
+    for i in 0..SAMPLES {
+        waiting = waiting.max(waiting_now());
+        let took = time_to_bound(&fx, &format!("busy-{i}"), &fast).await?;
+        eprintln!("fast claim {i} beside the slow module: {took:?} (idle: {idle:?})");
+        loaded.push(took);
+    }
+    loaded.sort();
+    let median = loaded[SAMPLES / 2];
+    assert!(
+        median <= idle * 2,
+        "fast claims took {loaded:?} to bind beside {SLOW_CLAIMS} slow claims: the median \
+         {median:?} is more than twice the idle {idle:?}; host log:\n{}",
+        host.log_text()
+    );
+    // The slow module's other claims waited in its own queue.
+    assert!(
+        waiting > 0.0,
+        "no claim of the slow module was seen waiting for its share"
+    );
+    // The fast claims really ran while the slow module was busy.
+    let slow_busy_for = Duration::from_millis(SLOW_MILLIS) * (SLOW_CLAIMS / 3) as u32;
+    assert!(
+        started_load.elapsed() < slow_busy_for / 2,
+        "the fast claims were timed after the slow ones had finished"
+    );
+
+    // Every slow claim binds in the end, and waiting was no failure: no
+    // ProvisioningFailed Event, no failed attempt counted, no `busy` call.
+    for i in 0..SLOW_CLAIMS {
+        fx.wait_bound(&format!("slow-{i}")).await?;
+    }
+    for i in 0..SLOW_CLAIMS {
+        let name = format!("slow-{i}");
+        let events = fx.events(&fx.ctx.namespace, &name).await?;
+        assert!(
+            events
+                .iter()
+                .all(|(reason, _)| reason != "ProvisioningFailed"),
+            "claim {name} got a Warning while it waited: {events:?}"
+        );
+    }
+    let failed = host.metric(&format!(
+        r#"controller_persistentvolumeclaim_provision_failed_total{{class="{slow}",source=""}}"#
+    ));
+    assert!(
+        failed.is_none_or(|n| n == 0.0),
+        "{failed:?} failed attempts of the slow class"
+    );
+    assert!(
+        !host.log_text().contains("refused: 8 calls of this module"),
+        "a call of the slow module was refused as busy"
+    );
+
+    fx.cleanup().await;
+    Ok(())
+}
