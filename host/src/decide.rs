@@ -312,12 +312,25 @@ pub enum FinalizerAction {
 /// removes the finalizer itself; this rule covers the steady state: PVs we provisioned
 /// with reclaim policy Delete, Bound (or not yet bound, just created) and not being
 /// deleted, get the finalizer; PVs carrying it whose policy is no longer Delete lose it.
-/// PVs of other provisioners are never touched.
-pub fn pv_finalizer_action(pv: &PersistentVolume, provisioner_name: &str) -> FinalizerAction {
+/// PVs of other provisioners are never touched. With the finalizer turned off
+/// (`enabled` false, `--volume-protection-finalizer=false`), PVs of ours carrying it from
+/// an earlier run lose it: the library's rollback path.
+pub fn pv_finalizer_action(
+    pv: &PersistentVolume,
+    provisioner_name: &str,
+    enabled: bool,
+) -> FinalizerAction {
     if !provisioned_by(pv, provisioner_name) {
         return FinalizerAction::None;
     }
     let has = has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION);
+    if !enabled {
+        return if has {
+            FinalizerAction::Remove
+        } else {
+            FinalizerAction::None
+        };
+    }
     let delete_policy = reclaim_policy(pv).as_deref() == Some(names::RECLAIM_DELETE);
     if has && !delete_policy {
         return FinalizerAction::Remove;
@@ -727,31 +740,31 @@ mod tests {
     fn the_finalizer_is_added_to_live_delete_pvs_of_ours() {
         for phase in ["Bound", "Available", "Pending"] {
             assert_eq!(
-                pv_finalizer_action(&pv(phase, "Delete", Some(OURS)), OURS),
+                pv_finalizer_action(&pv(phase, "Delete", Some(OURS)), OURS, true),
                 FinalizerAction::Add,
                 "{phase}"
             );
         }
         // Not to PVs of others, retained ones, released ones or ones being deleted.
         assert_eq!(
-            pv_finalizer_action(&pv("Bound", "Delete", Some("other")), OURS),
+            pv_finalizer_action(&pv("Bound", "Delete", Some("other")), OURS, true),
             FinalizerAction::None
         );
         assert_eq!(
-            pv_finalizer_action(&pv("Bound", "Retain", Some(OURS)), OURS),
+            pv_finalizer_action(&pv("Bound", "Retain", Some(OURS)), OURS, true),
             FinalizerAction::None
         );
         assert_eq!(
-            pv_finalizer_action(&pv("Released", "Delete", Some(OURS)), OURS),
+            pv_finalizer_action(&pv("Released", "Delete", Some(OURS)), OURS, true),
             FinalizerAction::None
         );
         let mut p = pv("Bound", "Delete", Some(OURS));
         p.metadata.deletion_timestamp = Some(now());
-        assert_eq!(pv_finalizer_action(&p, OURS), FinalizerAction::None);
+        assert_eq!(pv_finalizer_action(&p, OURS, true), FinalizerAction::None);
         // Not twice.
         let mut p = pv("Bound", "Delete", Some(OURS));
         p.metadata.finalizers = Some(vec![names::FINALIZER_PV_PROTECTION.into()]);
-        assert_eq!(pv_finalizer_action(&p, OURS), FinalizerAction::None);
+        assert_eq!(pv_finalizer_action(&p, OURS, true), FinalizerAction::None);
     }
 
     #[test]
@@ -761,14 +774,26 @@ mod tests {
             "other/finalizer".into(),
             names::FINALIZER_PV_PROTECTION.into(),
         ]);
-        assert_eq!(pv_finalizer_action(&p, OURS), FinalizerAction::Remove);
+        assert_eq!(pv_finalizer_action(&p, OURS, true), FinalizerAction::Remove);
         // Even while being deleted: a Retain PV must be free to go.
         p.metadata.deletion_timestamp = Some(now());
-        assert_eq!(pv_finalizer_action(&p, OURS), FinalizerAction::Remove);
+        assert_eq!(pv_finalizer_action(&p, OURS, true), FinalizerAction::Remove);
         // Another provisioner's finalizer business is not ours.
         let mut p = pv("Bound", "Retain", Some("other"));
         p.metadata.finalizers = Some(vec![names::FINALIZER_PV_PROTECTION.into()]);
-        assert_eq!(pv_finalizer_action(&p, OURS), FinalizerAction::None);
+        assert_eq!(pv_finalizer_action(&p, OURS, true), FinalizerAction::None);
+    }
+
+    #[test]
+    fn with_the_finalizer_turned_off_ours_lose_it_and_none_gain_it() {
+        let p = pv("Bound", "Delete", Some(OURS));
+        assert_eq!(pv_finalizer_action(&p, OURS, false), FinalizerAction::None);
+        let mut p = p;
+        p.metadata.finalizers = Some(vec![names::FINALIZER_PV_PROTECTION.into()]);
+        assert_eq!(pv_finalizer_action(&p, OURS, false), FinalizerAction::Remove);
+        let mut theirs = pv("Bound", "Delete", Some("other"));
+        theirs.metadata.finalizers = Some(vec![names::FINALIZER_PV_PROTECTION.into()]);
+        assert_eq!(pv_finalizer_action(&theirs, OURS, false), FinalizerAction::None);
     }
 
     #[test]

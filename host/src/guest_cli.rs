@@ -148,6 +148,7 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
         &class,
         volume,
         &args.provisioner_name,
+        true,
         &module,
     ) {
         Ok(pv) => Ok(serde_yaml::to_string(&pv).expect("a PersistentVolume serializes to YAML")),

@@ -199,6 +199,7 @@ pub fn persistent_volume(
     class: &StorageClass,
     volume: types::Volume,
     provisioner_name: &str,
+    protection_finalizer: bool,
 ) -> Result<PersistentVolume, Error> {
     let name = req.volume_name.clone();
     let key = claim_key(claim);
@@ -244,7 +245,7 @@ pub fn persistent_volume(
         .reclaim_policy
         .clone()
         .unwrap_or_else(|| names::RECLAIM_DELETE.into());
-    let finalizers = (reclaim_policy == names::RECLAIM_DELETE)
+    let finalizers = (protection_finalizer && reclaim_policy == names::RECLAIM_DELETE)
         .then(|| vec![names::FINALIZER_PV_PROTECTION.into()]);
 
     let mut mount_options: Vec<String> = Vec::new();
@@ -314,9 +315,18 @@ pub fn publishable_volume(
     class: &StorageClass,
     volume: types::Volume,
     provisioner_name: &str,
+    protection_finalizer: bool,
     module: &LoadedModule,
 ) -> Result<PersistentVolume, Unpublishable> {
-    let mut pv = persistent_volume(req, claim, class, volume, provisioner_name).map_err(
+    let mut pv = persistent_volume(
+        req,
+        claim,
+        class,
+        volume,
+        provisioner_name,
+        protection_finalizer,
+    )
+    .map_err(
         |source| Unpublishable::Invalid {
             module: module.name().to_string(),
             source,
@@ -804,7 +814,7 @@ mod tests {
     fn publish(volume: types::Volume) -> Result<PersistentVolume, Error> {
         let (c, k) = (claim(), class());
         let req = provision_request(&c, &k, None).unwrap();
-        persistent_volume(&req, &c, &k, volume, OURS)
+        persistent_volume(&req, &c, &k, volume, OURS, true)
     }
 
     fn spec(pv: &PersistentVolume) -> &PersistentVolumeSpec {
@@ -877,11 +887,17 @@ mod tests {
         let (c, mut k) = (claim(), class());
         k.reclaim_policy = Some("Retain".into());
         let req = provision_request(&c, &k, None).unwrap();
-        let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS).unwrap();
+        let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS, true).unwrap();
         assert_eq!(
             spec(&pv).persistent_volume_reclaim_policy.as_deref(),
             Some("Retain")
         );
+        assert_eq!(pv.metadata.finalizers, None);
+
+        // --volume-protection-finalizer=false: never added (issue 10.5).
+        let (c, k) = (claim(), class());
+        let req = provision_request(&c, &k, None).unwrap();
+        let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS, false).unwrap();
         assert_eq!(pv.metadata.finalizers, None);
     }
 
@@ -892,7 +908,7 @@ mod tests {
         let req = provision_request(&c, &k, None).unwrap();
         let mut v = made(nfs());
         v.mount_options = vec!["hard".into(), "noatime".into(), "hard".into()];
-        let pv = persistent_volume(&req, &c, &k, v, OURS).unwrap();
+        let pv = persistent_volume(&req, &c, &k, v, OURS, true).unwrap();
         assert_eq!(
             spec(&pv).mount_options,
             Some(vec!["noatime".into(), "nfsvers=4.1".into(), "hard".into()])
@@ -951,7 +967,7 @@ mod tests {
         c.spec.as_mut().unwrap().volume_mode = Some("Block".into());
         let k = class();
         let req = provision_request(&c, &k, None).unwrap();
-        let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS).unwrap();
+        let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS, true).unwrap();
         assert_eq!(spec(&pv).volume_mode.as_deref(), Some("Block"));
     }
 

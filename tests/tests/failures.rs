@@ -789,3 +789,41 @@ async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
     })
     .await;
 }
+
+/// `--volume-protection-finalizer=false` (issue 10.5): new PVs get no finalizer, and PVs
+/// made earlier with it lose it (the library's rollback path), so a PV switched to Retain
+/// and deleted is never stuck Terminating.
+#[tokio::test]
+async fn the_volume_protection_finalizer_can_be_turned_off_and_rolled_back() {
+    scenario("pv-finalizer-off", async |fx| {
+        fx.install_module("test-echo", "echo");
+        let class = fx.class("echo", &[], json!({})).await?;
+        let mut host = fx.host(&[]);
+        fx.claim("before", &class, "1Mi", json!({})).await?;
+        let before = fx.wait_bound("before").await?;
+        ensure!(
+            has_finalizer(&before, FINALIZER_PV),
+            "by default our PVs carry {FINALIZER_PV}"
+        );
+        host.terminate(Duration::from_secs(30))?;
+
+        let host = fx.host(&["--volume-protection-finalizer=false"]);
+        fx.claim("after", &class, "1Mi", json!({})).await?;
+        let after = fx.wait_bound("after").await?;
+        ensure!(
+            !has_finalizer(&after, FINALIZER_PV),
+            "with the flag off a new PV has no finalizer: {:?}",
+            after.finalizers()
+        );
+        let volumes = fx.volumes();
+        let name = before.name_any();
+        wait_for("the earlier PV's finalizer removed", WAIT, || async {
+            let pv = volumes.get(&name).await?;
+            Ok((!has_finalizer(&pv, FINALIZER_PV)).then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        Ok(())
+    })
+    .await;
+}

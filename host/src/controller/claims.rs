@@ -617,6 +617,7 @@ async fn publish(
         class,
         volume,
         &ctx.settings.provisioner_name,
+        ctx.settings.volume_protection_finalizer,
         module,
     );
     let pv = match published {

@@ -98,17 +98,10 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
     if !decide::provisioned_by(&pv, name) {
         return Ok(Action::await_change());
     }
-    if ctx.settings.volume_protection_finalizer {
-        match decide::pv_finalizer_action(&pv, name) {
-            FinalizerAction::Add => {
-                edit_finalizer(&ctx, &pv, true).await?;
-                return Ok(Action::requeue(ctx.settings.resync_period));
-            }
-            FinalizerAction::Remove => {
-                edit_finalizer(&ctx, &pv, false).await?;
-                return Ok(Action::await_change());
-            }
-            FinalizerAction::None => {}
+    match decide::pv_finalizer_action(&pv, name, ctx.settings.volume_protection_finalizer) {
+        FinalizerAction::Add => {
+            edit_finalizer(&ctx, &pv, true).await?;
+            return Ok(Action::requeue(ctx.settings.resync_period));
         }
     }
     match decide::should_delete(&pv, name) {
