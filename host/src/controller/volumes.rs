@@ -103,6 +103,11 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
             edit_finalizer(&ctx, &pv, true).await?;
             return Ok(Action::requeue(ctx.settings.resync_period));
         }
+        FinalizerAction::Remove => {
+            edit_finalizer(&ctx, &pv, false).await?;
+            return Ok(Action::await_change());
+        }
+        FinalizerAction::None => {}
     }
     match decide::should_delete(&pv, name) {
         DeleteDecision::Skip(reason) => {
