@@ -286,6 +286,39 @@ async fn a_grant_through_a_symlink_is_refused_at_start() {
     );
 }
 
+/// A granted directory missing at start does not stop the host: the module cannot run
+/// (its `describe` needs its sandbox) until the directory exists; the next scan after
+/// that loads it, with the directory opened under the same checks.
+#[tokio::test]
+async fn a_granted_directory_missing_at_start_is_used_once_it_exists() {
+    let tree = Tree::new();
+    let later = tree.path("allow/later");
+    let runtime = runtime(&format!(
+        "allow: {{ directories: [{allow}] }}\n\
+         modules: {{ swap: {{ directories: [{{ host: {later}, guest: /data, mode: read-write }}] }} }}",
+        allow = tree.path("allow").display(),
+        later = later.display(),
+    ));
+    let (_root, modules) = modules_dir();
+    guests::copy_module("test-symlink-swap", &modules, "swap");
+    let report = runtime.sync_dir(&modules).await.unwrap();
+    assert_eq!(report.refused.len(), 1, "{report:?}");
+    let message = report.refused[0].to_string();
+    assert!(
+        message.contains("module swap")
+            && message.contains(&later.display().to_string())
+            && message.contains("does not exist"),
+        "{message}"
+    );
+
+    tree.dir_with_marker("allow/later");
+    let report = runtime.sync_dir(&modules).await.unwrap();
+    assert_eq!(report.loaded, ["swap"], "{report:?}");
+    let swap = runtime.module("swap").unwrap();
+    let probe = swap_guest(&swap, &[("action", "probe"), ("dir", "/data")]).await;
+    assert_eq!(annotation(&probe, "symlink-swap/listing"), "marker");
+}
+
 // ---------------------------------------------------------------------------------
 // Item: the compile cache is private and its entries are verified.
 // ---------------------------------------------------------------------------------

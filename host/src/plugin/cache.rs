@@ -46,8 +46,8 @@ const KEY_FILE: &str = "cache.key";
 const KEY_BYTES: usize = 32;
 /// The extension of an entry's MAC file, after the entry's own name.
 const MAC_EXTENSION: &str = "mac";
-/// Largest entry read back (entries are ~3-4x their module, modules at most 4 GiB-ish
-/// by `--max-module-bytes`; anything larger is not ours).
+/// Largest entry read back: entries are ~3-4x their module, so this is far above any
+/// real one, and bounds what a planted file can make the host read.
 const MAX_ENTRY_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 /// Tells the MAC of an entry apart from any other use of the key.
 const MAC_CONTEXT: &[u8] = b"wasm-provisioner precompiled component v1\0";

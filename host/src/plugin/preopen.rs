@@ -23,8 +23,9 @@
 //! so a call does no filesystem work to set up its preopens.
 //!
 //! A granted directory missing at start is not fatal (a node directory may be created
-//! later): the module's calls fail with a `sandbox` error naming it, and each call
-//! tries again, with the same checks, until it exists; from then on it is kept.
+//! later): making the module's sandbox fails with an error naming it (so its version is
+//! refused at load, and the runtime tries again at the next scan), and each attempt
+//! opens it again, with the same checks, until it exists; from then on it is kept.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};

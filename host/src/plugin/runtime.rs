@@ -12,7 +12,7 @@ use wasmtime::component::{Component, Linker};
 use super::bindings::ProvisionerPre;
 use super::cache::{CacheError, CompileOutcome, PrecompiledCache};
 use super::engine::{EpochTicker, new_engine};
-use super::error::{LoadError, ResolveError};
+use super::error::{CallError, LoadError, ResolveError};
 use super::grants::Grants;
 use super::metrics::Metrics;
 use super::module::{LoadedModule, ModuleParts, VERSION_DIGITS};
@@ -231,7 +231,11 @@ impl Runtime {
             .unwrap_or_else(|e| e.into_inner());
         match &result {
             Err(error) => {
-                refused.insert(name.to_string(), sha256);
+                // A sandbox the host could not set up (a granted directory missing since
+                // start) is not the version's fault: the next scan tries it again.
+                if !sandbox_not_ready(error) {
+                    refused.insert(name.to_string(), sha256);
+                }
                 drop(refused);
                 self.refused(error);
             }
@@ -424,4 +428,10 @@ impl Runtime {
             },
         })
     }
+}
+
+/// Whether a load failed because the module's sandbox could not be made (its `describe`
+/// could not start), rather than because of the module.
+fn sandbox_not_ready(error: &LoadError) -> bool {
+    matches!(error, LoadError::Describe { error, .. } if matches!(**error, CallError::Sandbox { .. }))
 }
