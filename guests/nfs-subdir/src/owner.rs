@@ -21,7 +21,7 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use wasm_provisioner_sdk::{fs::TRASH, path};
+use wasm_provisioner_sdk::path;
 
 /// The directory, beside volume directories, holding their markers.
 pub const OWNERS: &str = ".wasm-provisioner-owners";
@@ -118,16 +118,15 @@ pub fn inside_a_volume(root: &str, rel: &str) -> Result<Option<String>, String> 
 }
 
 /// Claims `root/rel` for `volume` by creating its marker, atomically and exclusively:
-/// the text goes to a temporary file in the trash directory, which is then hard-linked
-/// as the marker (a link fails if the marker exists: two racing claims cannot both
-/// win). Answers the owner found if the marker already existed.
+/// the text goes to a temporary file beside it (a name no volume can have: reserved
+/// prefix), which is then hard-linked as the marker (a link fails if the marker exists:
+/// two racing claims cannot both win). Answers the owner found if the marker already
+/// existed.
 pub fn claim(root: &str, rel: &str, volume: &str, text: &str) -> Result<Option<Owner>, String> {
     let (parent, _) = split(rel);
     let owners = path::join(&path::join(root, parent), OWNERS);
     create_plain_dir(&owners)?;
-    let trash = path::join(root, TRASH);
-    create_plain_dir(&trash)?;
-    let staging = path::join(&trash, &format!("{volume}.owner-tmp"));
+    let staging = path::join(&owners, &format!("{RESERVED_PREFIX}-tmp-{volume}"));
     fs::write(&staging, text).map_err(|e| format!("writing {staging}: {e}"))?;
     let marker = marker_path(root, rel);
     let linked = fs::hard_link(&staging, &marker);

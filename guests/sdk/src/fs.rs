@@ -458,8 +458,7 @@ pub fn delete_volume_dir(
     budget: Budget,
 ) -> Result<Deletion, FsError> {
     let mut meter = Meter::new(budget);
-    root.create_dir(TRASH)?;
-    let trash = root.open_dir(TRASH)?;
+    let mut trash = open_trash(root)?;
     let mut in_place = false;
     if parent.exists(name)? {
         // A directory, not a symbolic link to one (open_dir refuses links).
@@ -475,10 +474,21 @@ pub fn delete_volume_dir(
                 }),
             };
         }
-        match parent.rename(name, &trash, volume) {
-            Ok(()) => {}
-            Err(e) if e.kind == ErrorKind::CrossDevice => in_place = true,
-            Err(e) => return Err(e),
+        let mut attempts = 0;
+        loop {
+            match parent.rename(name, &trash, volume) {
+                Ok(()) => break,
+                Err(e) if e.kind == ErrorKind::CrossDevice => {
+                    in_place = true;
+                    break;
+                }
+                // The trash was removed (empty) by a deletion finishing meanwhile.
+                Err(e) if e.kind == ErrorKind::NotFound && attempts < 3 => {
+                    attempts += 1;
+                    trash = open_trash(root)?;
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     if in_place {
@@ -504,7 +514,24 @@ pub fn delete_volume_dir(
     if !trash.exists(volume)? {
         return Ok(Deletion::Gone);
     }
-    finish(&trash, volume, &mut meter)
+    let deletion = finish(&trash, volume, &mut meter)?;
+    tidy_trash(root, &deletion);
+    Ok(deletion)
+}
+
+/// The trash directory of `root`, created if missing.
+fn open_trash(root: &Dir) -> Result<Dir, FsError> {
+    root.create_dir(TRASH)?;
+    root.open_dir(TRASH)
+}
+
+/// Removes the trash directory once a deletion finished and it is empty, so a grant
+/// without deletions under way holds only volumes. (Another deletion may be about to
+/// move a volume in: it re-creates the trash if its rename finds it gone.)
+fn tidy_trash(root: &Dir, deletion: &Deletion) {
+    if matches!(deletion, Deletion::Deleted { .. }) {
+        let _ = root.remove_dir(TRASH);
+    }
 }
 
 /// Goes on with the deletion of `volume` that an earlier [`delete_volume_dir`] moved
@@ -518,7 +545,9 @@ pub fn resume_deletion(root: &Dir, volume: &str, budget: Budget) -> Result<Delet
     if !trash.exists(volume)? {
         return Ok(Deletion::Gone);
     }
-    finish(&trash, volume, &mut meter)
+    let deletion = finish(&trash, volume, &mut meter)?;
+    tidy_trash(root, &deletion);
+    Ok(deletion)
 }
 
 /// The answer of a plugin's `delete` for one call of [`delete_volume_dir`] on the volume
