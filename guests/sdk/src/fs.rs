@@ -519,10 +519,17 @@ pub fn delete_volume_dir(
     Ok(deletion)
 }
 
-/// The trash directory of `root`, created if missing.
+/// The trash directory of `root`, created if missing (again, if a deletion finishing
+/// meanwhile removed it between the two steps).
 fn open_trash(root: &Dir) -> Result<Dir, FsError> {
-    root.create_dir(TRASH)?;
-    root.open_dir(TRASH)
+    let mut attempts = 0;
+    loop {
+        root.create_dir(TRASH)?;
+        match root.open_dir(TRASH) {
+            Err(e) if e.kind == ErrorKind::NotFound && attempts < 3 => attempts += 1,
+            other => return other,
+        }
+    }
 }
 
 /// Removes the trash directory once a deletion finished and it is empty, so a grant
