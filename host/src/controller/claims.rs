@@ -121,6 +121,7 @@ pub async fn reconcile(
     claim: Arc<PersistentVolumeClaim>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    ctx.caches_synced().await;
     let key = key(&claim);
     // Only claims for this provisioner: every wasm-provisioner instance uses the same
     // claim finalizer, so another instance's claims (even being deleted) are not ours.

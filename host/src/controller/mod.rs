@@ -74,6 +74,8 @@ pub struct Context {
     pub volume_retries: Retries,
     /// Each module's share of the claim workers ([`shares`]).
     pub claim_shares: Arc<WorkerShares<PersistentVolumeClaim>>,
+    /// True once all four stores hold their first full list ([`Context::caches_synced`]).
+    pub caches_synced: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Context {
@@ -87,6 +89,19 @@ impl Context {
 
     pub fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
         self.volumes.get(&ObjectRef::new(name))
+    }
+
+    /// Waits until the claims, volumes, classes and nodes stores all hold their first
+    /// full list. Every reconcile starts with it: a claim reconciled while the node
+    /// store is still empty would lose its selected node ("node does not exist"), one
+    /// whose class store is empty would count a ClassMissing failure — at every start
+    /// and every failover. Immediate once synced.
+    pub async fn caches_synced(&self) {
+        // A watch, not the stores' own `wait_until_ready`: kube-runtime's DelayedInit
+        // keeps one waker, so with many reconciles waiting at once only one was woken
+        // and the others hung for ever. One task waits on the stores and sets this.
+        let mut synced = self.caches_synced.clone();
+        let _ = synced.wait_for(|synced| *synced).await;
     }
 }
 
@@ -177,7 +192,9 @@ pub async fn run(
             instance: Some(identity),
         },
     );
+    let (caches_synced_tx, caches_synced) = tokio::sync::watch::channel(false);
     let context = Arc::new(Context {
+        caches_synced,
         client,
         claim_retries: Retries::new(RetryPolicy {
             failure_threshold: settings.failed_provision_threshold,
@@ -233,6 +250,7 @@ pub async fn run(
             };
             if matches!(synced, (Ok(()), Ok(()), Ok(()), Ok(()))) {
                 info!("caches synced; controllers ready");
+                let _ = caches_synced_tx.send(true);
                 health
                     .ready
                     .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -94,6 +94,7 @@ fn class_label(pv: &PersistentVolume) -> String {
 }
 
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.caches_synced().await;
     let name = &ctx.settings.provisioner_name;
     if !decide::provisioned_by(&pv, name) {
         return Ok(Action::await_change());
