@@ -67,7 +67,7 @@ pub enum GuestCliError {
     Volume(#[from] volume::Error),
     #[error("{error}; {cleanup}")]
     Unpublishable {
-        error: volume::Unpublishable,
+        error: Box<volume::Unpublishable>,
         cleanup: String,
     },
     #[error(transparent)]
@@ -159,7 +159,10 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
                 Ok(Err(error)) => format!("deleting the backend volume failed too: {error:?}"),
                 Err(error) => format!("deleting the backend volume failed too: {error}"),
             };
-            Err(GuestCliError::Unpublishable { error, cleanup })
+            Err(GuestCliError::Unpublishable {
+                error: Box::new(error),
+                cleanup,
+            })
         }
     }
 }
