@@ -790,10 +790,16 @@ mod tests {
         assert_eq!(pv_finalizer_action(&p, OURS, false), FinalizerAction::None);
         let mut p = p;
         p.metadata.finalizers = Some(vec![names::FINALIZER_PV_PROTECTION.into()]);
-        assert_eq!(pv_finalizer_action(&p, OURS, false), FinalizerAction::Remove);
+        assert_eq!(
+            pv_finalizer_action(&p, OURS, false),
+            FinalizerAction::Remove
+        );
         let mut theirs = pv("Bound", "Delete", Some("other"));
         theirs.metadata.finalizers = Some(vec![names::FINALIZER_PV_PROTECTION.into()]);
-        assert_eq!(pv_finalizer_action(&theirs, OURS, false), FinalizerAction::None);
+        assert_eq!(
+            pv_finalizer_action(&theirs, OURS, false),
+            FinalizerAction::None
+        );
     }
 
     #[test]

@@ -87,11 +87,11 @@ impl prometheus::core::Collector for RuntimeCollector {
         Self::families(&self.runtime)
             .iter()
             .flat_map(prometheus::core::Collector::collect)
+            .chain(prometheus::core::Collector::collect(&grants))
             .collect()
     }
 }
 
-/// Go client's DefBuckets, which the seed's duration histograms use.
 /// 1 for each module the grants file names that the modules directory lacks.
 fn grants_without_module(runtime: &Runtime) -> IntGaugeVec {
     let family = IntGaugeVec::new(
@@ -108,6 +108,7 @@ fn grants_without_module(runtime: &Runtime) -> IntGaugeVec {
     family
 }
 
+/// Go client's DefBuckets, which the seed's duration histograms use.
 const DEFAULT_BUCKETS: &[f64] = &names::METRIC_DURATION_BUCKETS;
 
 /// Buckets for a claim's whole wait, which includes retries and back-off.

@@ -326,12 +326,10 @@ pub fn publishable_volume(
         provisioner_name,
         protection_finalizer,
     )
-    .map_err(
-        |source| Unpublishable::Invalid {
-            module: module.name().to_string(),
-            source,
-        },
-    )?;
+    .map_err(|source| Unpublishable::Invalid {
+        module: module.name().to_string(),
+        source,
+    })?;
     let spec = pv.spec.clone().unwrap_or_default();
     module
         .grants()

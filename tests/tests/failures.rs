@@ -749,20 +749,23 @@ async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
             .await?;
         let claim = fx.claim("data", &class, "1Mi", json!({})).await?;
         let pv_name = format!("pvc-{}", claim.uid().unwrap_or_default());
-        let foreign: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": { "name": pv_name },
-            "spec": {
-                "capacity": { "storage": "1Mi" },
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": { "path": "/srv/foreign", "type": "Directory" },
-                "claimRef": { "namespace": fx.ctx.namespace, "name": "someone-else",
-                    "uid": "11111111-2222-4333-8444-555555555555" },
-            },
-        }))?;
-        fx.volumes().create(&PostParams::default(), &foreign).await?;
+        let foreign: k8s_openapi::api::core::v1::PersistentVolume =
+            serde_json::from_value(json!({
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": { "name": pv_name },
+                "spec": {
+                    "capacity": { "storage": "1Mi" },
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": { "path": "/srv/foreign", "type": "Directory" },
+                    "claimRef": { "namespace": fx.ctx.namespace, "name": "someone-else",
+                        "uid": "11111111-2222-4333-8444-555555555555" },
+                },
+            }))?;
+        fx.volumes()
+            .create(&PostParams::default(), &foreign)
+            .await?;
         let host = fx.host(&[]);
         let dir = fx.module_data("hostpath").join(&pv_name);
 
@@ -771,7 +774,11 @@ async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
         })
         .await
         .with_context(|| log_tail(&host))?;
-        ensure!(dir.is_dir(), "the module made the backend volume {}", dir.display());
+        ensure!(
+            dir.is_dir(),
+            "the module made the backend volume {}",
+            dir.display()
+        );
 
         fx.claims().delete("data", &DeleteParams::default()).await?;
         fx.wait_claim("data", "gone", |c| c.is_none())
@@ -784,7 +791,10 @@ async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
         .with_context(|| log_tail(&host))?;
         // The foreign PV is untouched.
         ensure!(fx.volumes().get_opt(&pv_name).await?.is_some());
-        let _ = fx.volumes().delete(&pv_name, &DeleteParams::default()).await;
+        let _ = fx
+            .volumes()
+            .delete(&pv_name, &DeleteParams::default())
+            .await;
         Ok(())
     })
     .await;

@@ -55,7 +55,10 @@ fn attacks() -> Vec<Attack> {
         Attack {
             claim: "root",
             module: "publish",
-            parameters: vec![("hostPath", "/".into()), ("hostPathType", "Directory".into())],
+            parameters: vec![
+                ("hostPath", "/".into()),
+                ("hostPathType", "Directory".into()),
+            ],
             rule: "modules.publish.volumes.hostPath",
         },
         Attack {
@@ -212,7 +215,10 @@ async fn run(fx: &mut Fixture) -> anyhow::Result<()> {
         .items
         .into_iter()
         .filter(|pv| {
-            pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.namespace.as_deref())
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .and_then(|r| r.namespace.as_deref())
                 == Some(fx.ctx.namespace.as_str())
         })
         .filter_map(|pv| pv.spec.and_then(|s| s.claim_ref).and_then(|r| r.name))

@@ -279,11 +279,10 @@ fn enter_share(
         return ShareEntry::NoModule;
     };
     let object = kube::runtime::reflector::ObjectRef::from_obj(claim);
-    match ctx.claim_shares.try_enter(
-        module.name(),
-        module.limits().max_concurrent_calls,
-        object,
-    ) {
+    match ctx
+        .claim_shares
+        .try_enter(module.name(), module.limits().max_concurrent_calls, object)
+    {
         Some(permit) => ShareEntry::Entered(permit),
         None => {
             tracing::debug!(
@@ -676,68 +675,6 @@ async fn publish(
     }
 }
 
-enum Saved {
-    Yes,
-    /// Not saved, and the backend volume must not be deleted by us.
-    Conflict(String),
-    /// Not saved after every try: the backend volume should be deleted.
-    No(String),
-}
-
-/// Creates the PV, `pv_save_retries` tries `pv_save_interval` apart. `AlreadyExists`
-/// counts as success only when the existing PV is this claim's live volume (#1469).
-async fn save_volume(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) -> Saved {
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let name = pv.name_any();
-    let tries = ctx.settings.pv_save_retries.max(1);
-    let mut last_error = String::new();
-    for attempt in 1..=tries {
-        match api.create(&PostParams::default(), pv).await {
-            Ok(_) => return Saved::Yes,
-            Err(kube::Error::Api(status)) if status.code == 409 => match api.get_opt(&name).await {
-                Ok(Some(existing)) if decide::existing_pv_is_this_claims(&existing, claim) => {
-                    return Saved::Yes;
-                }
-                Ok(Some(_)) => {
-                    return Saved::Conflict(format!(
-                        "volume {name} already exists and is not this claim's live volume (it belongs to another claim or is being deleted); will retry once it is gone"
-                    ));
-                }
-                Ok(None) => last_error = format!("volume {name} existed but vanished; retrying"),
-                Err(error) => last_error = error.to_string(),
-            },
-            Err(error) => last_error = error.to_string(),
-        }
-        warn!(volume = %name, attempt, tries, error = %last_error, "could not save the PV");
-        if attempt < tries {
-            tokio::time::sleep(ctx.settings.pv_save_interval).await;
-        }
-    }
-    Saved::No(format!(
-        "could not save volume {name} after {tries} tries: {last_error}"
-    ))
-}
-
-/// The claim is being deleted with our finalizer on: provisioning may have left a
-/// backend volume. Ask the plugin for it again (idempotent by PV name) and delete it;
-/// retried until the plugin answers definitively. Never given up on.
-async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
-    let claim_key = request::claim_key(claim);
-    let cleanup_error = |message: String| Error::Cleanup {
-        claim: claim_key.clone(),
-        message,
-    };
-    let pv_name = volume_name_for(claim);
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let existing = api
-        .get_opt(&pv_name)
-        .await
-        .map_err(|e| Error::api(claim, e))?;
-    if existing.as_ref().is_some_and(|pv| decide::pv_claim_uid_is(pv, claim)) {
-        // Published: the PV owns the backend volume now (and deletes it, if it is on
-        // its way out).
-        remove_claim_finalizer(ctx, claim).await?;
-        return Ok(Action::await_change());
 /// Deletes, through the module, a backend volume that was made but not published, so
 /// nothing is left behind; then provisioning is retried with back-off. If the delete
 /// fails, the claim keeps its finalizer (the volume exists) and the cleanup is retried.
@@ -788,7 +725,81 @@ async fn discard(
     })
 }
 
+enum Saved {
+    Yes,
+    /// Not saved, and the backend volume must not be deleted by us.
+    Conflict(String),
+    /// Not saved after every try: the backend volume should be deleted.
+    No(String),
+}
+
+/// Creates the PV, `pv_save_retries` tries `pv_save_interval` apart. `AlreadyExists`
+/// counts as success only when the existing PV is this claim's live volume (#1469).
+async fn save_volume(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) -> Saved {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let name = pv.name_any();
+    let tries = ctx.settings.pv_save_retries.max(1);
+    let mut last_error = String::new();
+    for attempt in 1..=tries {
+        match api.create(&PostParams::default(), pv).await {
+            Ok(_) => return Saved::Yes,
+            Err(kube::Error::Api(status)) if status.code == 409 => match api.get_opt(&name).await {
+                Ok(Some(existing)) if decide::existing_pv_is_this_claims(&existing, claim) => {
+                    return Saved::Yes;
+                }
+                Ok(Some(_)) => {
+                    return Saved::Conflict(format!(
+                        "volume {name} already exists and is not this claim's live volume (it belongs to another claim or is being deleted); will retry once it is gone"
+                    ));
+                }
+                Ok(None) => last_error = format!("volume {name} existed but vanished; retrying"),
+                Err(error) => last_error = error.to_string(),
+            },
+            Err(error) => last_error = error.to_string(),
+        }
+        warn!(volume = %name, attempt, tries, error = %last_error, "could not save the PV");
+        if attempt < tries {
+            tokio::time::sleep(ctx.settings.pv_save_interval).await;
+        }
     }
+    // A last look before the caller deletes the backend volume: a create that timed out
+    // may still have been stored, and a live PV must never sit on a deleted volume.
+    if let Ok(Some(existing)) = api.get_opt(&name).await
+        && decide::existing_pv_is_this_claims(&existing, claim)
+    {
+        return Saved::Yes;
+    }
+    Saved::No(format!(
+        "could not save volume {name} after {tries} tries: {last_error}"
+    ))
+}
+
+/// The claim is being deleted with our finalizer on: provisioning may have left a
+/// backend volume. Ask the plugin for it again (idempotent by PV name) and delete it;
+/// retried until the plugin answers definitively. Never given up on.
+async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
+    let claim_key = request::claim_key(claim);
+    let cleanup_error = |message: String| Error::Cleanup {
+        claim: claim_key.clone(),
+        message,
+    };
+    let pv_name = volume_name_for(claim);
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let existing = api
+        .get_opt(&pv_name)
+        .await
+        .map_err(|e| Error::api(claim, e))?;
+    if existing
+        .as_ref()
+        .is_some_and(|pv| decide::pv_claim_uid_is(pv, claim))
+    {
+        // Published: the PV owns the backend volume now (and deletes it, if it is on
+        // its way out).
+        remove_claim_finalizer(ctx, claim).await?;
+        return Ok(Action::await_change());
+    }
+    // No PV, or a PV of this name that is another claim's (made by hand, or copied):
+    // the backend volume the module made for this claim is nobody's; delete it.
     let Some(class) = request::claim_class_name(claim).and_then(|name| ctx.class(&name)) else {
         return Err(cleanup_error(
             "its storage class is gone; recreate the class so the plugin can delete the backend volume".into(),
@@ -825,13 +836,6 @@ async fn discard(
                     remove_claim_finalizer(ctx, claim).await?;
                     Ok(Action::await_change())
                 }
-    // A last look before the caller deletes the backend volume: a create that timed out
-    // may still have been stored, and a live PV must never sit on a deleted volume.
-    if let Ok(Some(existing)) = api.get_opt(&name).await
-        && decide::existing_pv_is_this_claims(&existing, claim)
-    {
-        return Saved::Yes;
-    }
                 Ok(Err(error)) => Err(cleanup_error(format!("plugin delete failed: {error:?}"))),
                 Err(error) => Err(cleanup_error(error.to_string())),
             }
@@ -858,8 +862,6 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
     warn!(%error, "provisioning did not finish; will retry");
     let print = fingerprint(&claim);
     match error {
-    // No PV, or a PV of this name that is another claim's (made by hand, or copied):
-    // the backend volume the module made for this claim is nobody's; delete it.
         Error::Infeasible { class_version, .. } => {
             let delay = ctx.claim_retries.infeasible(&key, class_version);
             ctx.claim_retries.hold(&key, print, delay);

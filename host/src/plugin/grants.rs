@@ -28,10 +28,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::volume_grants::{VolumeGrants, VolumesFile};
 use super::limits::{
     Limits, MAX_CONCURRENT_CALLS, MAX_MEMORY_BYTES, MAX_TIMEOUT, MIN_MEMORY_BYTES,
 };
+use super::volume_grants::{VolumeGrants, VolumesFile};
 
 /// Access a module has to a granted directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -350,7 +350,9 @@ impl GrantsFile {
                 });
             }
 
-            let volumes = module.volumes.validate(&format!("{at}.volumes"), &mut problems);
+            let volumes = module
+                .volumes
+                .validate(&format!("{at}.volumes"), &mut problems);
             modules.insert(
                 name,
                 ModuleGrants {
@@ -696,7 +698,8 @@ modules:
         );
         assert!(message.contains("duplicate"), "{message}");
         assert!(message.contains("hostpath"), "{message}");
-        let message = problems("modules: { m: { limits: { timeoutSeconds: 1, timeoutSeconds: 2 } } }");
+        let message =
+            problems("modules: { m: { limits: { timeoutSeconds: 1, timeoutSeconds: 2 } } }");
         assert!(message.contains("duplicate"), "{message}");
     }
 
@@ -724,8 +727,18 @@ modules:
   c: { directories: [{ host: /srv/z, guest: /v, mode: read-write }] }
 "#,
         );
-        assert!(message.contains("modules.a.directories[0].host /srv/x and modules.a.directories[1].host /srv/x/y"), "{message}");
-        assert!(message.contains("modules.b.directories[0].host /srv/z and modules.c.directories[0].host /srv/z"), "{message}");
+        assert!(
+            message.contains(
+                "modules.a.directories[0].host /srv/x and modules.a.directories[1].host /srv/x/y"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains(
+                "modules.b.directories[0].host /srv/z and modules.c.directories[0].host /srv/z"
+            ),
+            "{message}"
+        );
         // Read-only overlaps and side-by-side read-write grants are fine.
         parse(
             r#"
@@ -751,13 +764,27 @@ modules:
         )
         .unwrap();
         let volumes = grants.for_module("hostpath").volumes;
-        assert_eq!(volumes.host_path[0].types, ["Directory", "DirectoryOrCreate"]);
+        assert_eq!(
+            volumes.host_path[0].types,
+            ["Directory", "DirectoryOrCreate"]
+        );
         assert_eq!(volumes.local[0].path_prefix, "/mnt/disks");
         assert!(grants.for_module("unlisted").volumes.is_empty());
-        let message = problems("modules: { m: { volumes: { hostPath: [{ pathPrefix: /, types: [Socket] }], nfs: [{ server: x, pathPrefix: rel }], other: { cephfs: { secrets: [bad] } } } } }");
-        assert!(message.contains("modules.m.volumes.hostPath[0]"), "{message}");
-        assert!(message.contains("modules.m.volumes.nfs[0].pathPrefix \"rel\""), "{message}");
-        assert!(message.contains("modules.m.volumes.other.cephfs.secrets[0] \"bad\""), "{message}");
+        let message = problems(
+            "modules: { m: { volumes: { hostPath: [{ pathPrefix: /, types: [Socket] }], nfs: [{ server: x, pathPrefix: rel }], other: { cephfs: { secrets: [bad] } } } } }",
+        );
+        assert!(
+            message.contains("modules.m.volumes.hostPath[0]"),
+            "{message}"
+        );
+        assert!(
+            message.contains("modules.m.volumes.nfs[0].pathPrefix \"rel\""),
+            "{message}"
+        );
+        assert!(
+            message.contains("modules.m.volumes.other.cephfs.secrets[0] \"bad\""),
+            "{message}"
+        );
         let message = problems("modules: { m: { volumes: { hostpath: [] } } }");
         assert!(message.contains("unknown field `hostpath`"), "{message}");
     }
@@ -773,6 +800,9 @@ modules:
             hostpath.host_path[0].path_prefix,
             "/var/lib/wasm-provisioner/hostpath"
         );
-        assert_eq!(grants.for_module("nfs-subdir").volumes.nfs[0].server, "nfs.example.com");
+        assert_eq!(
+            grants.for_module("nfs-subdir").volumes.nfs[0].server,
+            "nfs.example.com"
+        );
     }
 }

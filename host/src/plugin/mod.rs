@@ -25,9 +25,9 @@ mod log;
 pub mod metrics;
 mod module;
 mod module_file;
+mod preopen;
 pub mod reload;
 mod runtime;
-mod preopen;
 mod sandbox;
 pub mod volume_grants;
 
@@ -37,11 +37,11 @@ pub use grants::{Grants, GrantsError, ModuleGrants};
 pub use limits::Limits;
 pub use metrics::{Metrics, ModuleCounters};
 pub use module::{LoadedModule, VERSION_DIGITS};
-pub use volume_grants::{SourceRefused, VolumeGrants};
-pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
 pub use module_file::DEFAULT_MAX_MODULE_BYTES;
 pub use preopen::{GrantDirectoryError, GrantDirectoryProblem};
+pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
 pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError};
+pub use volume_grants::{SourceRefused, VolumeGrants};
 
 /// Most characters of a module name.
 pub const MAX_MODULE_NAME: usize = 63;

@@ -147,7 +147,10 @@ impl VolumeGrants {
         let [(kind, source)] = present.as_slice() else {
             return Err(refuse(
                 base,
-                format!("it has {} volume sources; exactly one is needed", present.len()),
+                format!(
+                    "it has {} volume sources; exactly one is needed",
+                    present.len()
+                ),
             ));
         };
         let (kind, empty) = (*kind, Map::new());
@@ -171,12 +174,9 @@ impl VolumeGrants {
                 if grants.is_empty() {
                     return Err(refuse(rule, format!("no {kind} grant (default deny)")));
                 }
-                normal_path(path).map_err(|why| {
-                    refuse(rule.clone(), format!("{kind} path {path:?} {why}"))
-                })?;
-                let Some(grant) = grants
-                    .iter()
-                    .find(|g| strictly_below(path, &g.path_prefix))
+                normal_path(path)
+                    .map_err(|why| refuse(rule.clone(), format!("{kind} path {path:?} {why}")))?;
+                let Some(grant) = grants.iter().find(|g| strictly_below(path, &g.path_prefix))
                 else {
                     return Err(refuse(
                         rule,
@@ -223,10 +223,7 @@ impl VolumeGrants {
                         ),
                     ));
                 }
-                if !on_server
-                    .iter()
-                    .any(|g| at_or_below(path, &g.path_prefix))
-                {
+                if !on_server.iter().any(|g| at_or_below(path, &g.path_prefix)) {
                     return Err(refuse(
                         rule,
                         format!(
@@ -353,7 +350,10 @@ fn strictly_below(path: &str, prefix: &str) -> bool {
 enum SecretReference {
     Named(SecretName),
     /// A field that refers to a secret in a way that cannot be checked.
-    Unusable { at: String, why: &'static str },
+    Unusable {
+        at: String,
+        why: &'static str,
+    },
 }
 
 /// Collects every secret reference in `value` (the source object at `at`): objects
@@ -403,7 +403,10 @@ fn secret_references(value: &Value, at: &str, out: &mut Vec<SecretReference>) {
 }
 
 fn named(namespace: Option<&str>, name: Option<&str>, at: String) -> SecretReference {
-    match (namespace.filter(|n| !n.is_empty()), name.filter(|n| !n.is_empty())) {
+    match (
+        namespace.filter(|n| !n.is_empty()),
+        name.filter(|n| !n.is_empty()),
+    ) {
         (Some(namespace), Some(name)) => SecretReference::Named(SecretName {
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -600,7 +603,11 @@ fn prefix(
         problems.push(format!("{field}.pathPrefix {text:?}: {why}"));
         return None;
     }
-    if !root_allowed && Path::new(trimmed).components().all(|c| c == Component::RootDir) {
+    if !root_allowed
+        && Path::new(trimmed)
+            .components()
+            .all(|c| c == Component::RootDir)
+    {
         problems.push(format!(
             "{field}.pathPrefix {text:?}: / would grant the whole node; name the directory volumes live in"
         ));
@@ -703,7 +710,13 @@ mod tests {
             );
             assert_eq!(rule, "modules.m.volumes.hostPath", "{path}");
         }
-        for path_type in [None, Some(""), Some("Socket"), Some("File"), Some("CharDevice")] {
+        for path_type in [
+            None,
+            Some(""),
+            Some("Socket"),
+            Some("File"),
+            Some("CharDevice"),
+        ] {
             let rule = refused_rule(
                 &g,
                 json!({"hostPath": {"path": "/var/lib/wp/hostpath/pvc-1", "type": path_type}}),
@@ -719,23 +732,47 @@ mod tests {
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(problems[0].contains("hostPath[0].types"), "{problems:?}");
         assert!(problems[1].contains("whole node"), "{problems:?}");
-        assert!(problems[2].contains("hostPath[2].pathPrefix"), "{problems:?}");
+        assert!(
+            problems[2].contains("hostPath[2].pathPrefix"),
+            "{problems:?}"
+        );
     }
 
     #[test]
     fn nfs_needs_the_granted_server_and_prefix() {
         let g = grants("nfs: [{ server: NFS.example.com., pathPrefix: /exports }]").unwrap();
-        check(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/exports/a"}})).unwrap();
-        check(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/exports"}})).unwrap();
-        refused_rule(&g, json!({"nfs": {"server": "evil.example.com", "path": "/exports/a"}}));
-        refused_rule(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/"}}));
-        refused_rule(&g, json!({"nfs": {"server": "nfs.example.com", "path": "/exports/../etc"}}));
+        check(
+            &g,
+            json!({"nfs": {"server": "nfs.example.com", "path": "/exports/a"}}),
+        )
+        .unwrap();
+        check(
+            &g,
+            json!({"nfs": {"server": "nfs.example.com", "path": "/exports"}}),
+        )
+        .unwrap();
+        refused_rule(
+            &g,
+            json!({"nfs": {"server": "evil.example.com", "path": "/exports/a"}}),
+        );
+        refused_rule(
+            &g,
+            json!({"nfs": {"server": "nfs.example.com", "path": "/"}}),
+        );
+        refused_rule(
+            &g,
+            json!({"nfs": {"server": "nfs.example.com", "path": "/exports/../etc"}}),
+        );
     }
 
     #[test]
     fn csi_secrets_must_be_named_by_the_grant() {
         let g = grants("csi: [{ driver: d.example.com, secrets: [storage/publish] }]").unwrap();
-        check(&g, json!({"csi": {"driver": "d.example.com", "volumeHandle": "h"}})).unwrap();
+        check(
+            &g,
+            json!({"csi": {"driver": "d.example.com", "volumeHandle": "h"}}),
+        )
+        .unwrap();
         check(
             &g,
             json!({"csi": {"driver": "d.example.com", "volumeHandle": "h",
@@ -772,9 +809,15 @@ mod tests {
             "modules.m.volumes.other.rbd"
         );
         // No namespace: refused rather than guessed.
-        refused_rule(&g, json!({"cephfs": {"monitors": ["m"], "secretRef": {"name": "admin"}}}));
+        refused_rule(
+            &g,
+            json!({"cephfs": {"monitors": ["m"], "secretRef": {"name": "admin"}}}),
+        );
         // A node keyring path is not a reference the grant can name.
-        refused_rule(&g, json!({"cephfs": {"monitors": ["m"], "secretFile": "/etc/ceph/k"}}));
+        refused_rule(
+            &g,
+            json!({"cephfs": {"monitors": ["m"], "secretFile": "/etc/ceph/k"}}),
+        );
         let g = grants("other: { azureFile: {} }").unwrap();
         refused_rule(
             &g,
@@ -786,8 +829,9 @@ mod tests {
 
     #[test]
     fn iscsi_portals_must_all_be_granted() {
-        let g = grants("iscsi: [{ portals: ['10.0.0.5:3260', '10.0.0.6:3260'], secrets: [s/chap] }]")
-            .unwrap();
+        let g =
+            grants("iscsi: [{ portals: ['10.0.0.5:3260', '10.0.0.6:3260'], secrets: [s/chap] }]")
+                .unwrap();
         check(
             &g,
             json!({"iscsi": {"targetPortal": "10.0.0.5:3260", "portals": ["10.0.0.6:3260"],
