@@ -19,7 +19,7 @@
 //! through `/proc/self/clear_refs`), one test at a time.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use wasm_provisioner::plugin::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
@@ -37,7 +37,7 @@ const BOMB_TABLES: usize = 16;
 const ALIASED_LABELS: usize = 50;
 
 /// RSS tests measure the whole process: one at a time.
-static RSS: Mutex<()> = Mutex::new(());
+static RSS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The canonical-ABI parts every hostile module shares: memory, a bump `cabi_realloc`
 /// (the host lowers requests through it), a valid `describe` answer and harmless
@@ -219,7 +219,7 @@ async fn peak_growth<T>(work: impl std::future::Future<Output = T>) -> (T, u64) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_bomb_is_charged_to_the_memory_budget() {
-    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = RSS.lock().await;
     let (_runtime, module) = load(
         "modules:\n  bomb:\n    limits: { memoryBytes: 1048576 }\n",
         "bomb",
@@ -247,7 +247,7 @@ async fn table_bomb_is_charged_to_the_memory_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aliased_answer_is_stopped_while_lifting() {
-    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = RSS.lock().await;
     let (_runtime, module) = load("{}", "alias", &alias_bomb()).await;
     let (answer, growth) = peak_growth(module.provision(&request())).await;
     eprintln!("alias bomb: peak RSS grew by {growth} bytes; {answer:?}");
@@ -278,7 +278,7 @@ async fn aliased_answer_is_stopped_while_lifting() {
 async fn the_hostile_modules_are_otherwise_valid() {
     // Both load (describe answers) and serve: the failures above are the attacks, not
     // broken modules.
-    let _one_at_a_time = RSS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = RSS.lock().await;
     let (_runtime, module) = load("{}", "bomb", &table_bomb()).await;
     assert_eq!(module.info().name, "test-table-bomb");
     let (_runtime, module) = load("{}", "alias", &alias_bomb()).await;
