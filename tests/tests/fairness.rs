@@ -3,10 +3,12 @@
 //!
 //! The host runs with 4 claim workers. Module `slow` (the `test-slow` guest) takes 2 s
 //! per provision and may run 8 calls at once (the default `maxConcurrentCalls`), so
-//! without per-module shares 24 of its claims occupy every worker for ~12 s and a claim
-//! of the fast module `echo` waits behind them. With shares, `slow` holds at most
-//! `threads - 1` = 3 workers, its other claims wait in its own queue (no failed attempt,
-//! no Warning Event), and a claim of `echo` binds about as fast as on an idle host.
+//! without per-module shares its queued claims occupy every worker and a claim of the
+//! fast module `echo` waits behind them (seconds; the issue saw 0.22 s become 157 s).
+//! With shares, `slow` holds at most `threads - 1` = 3 workers, its other claims wait in
+//! its own queue (no failed attempt, no Warning Event), and a claim of `echo` binds
+//! about as fast as on an idle host. More slow claims arrive before each timed fast
+//! claim, so the slow module stays saturated for every sample.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +19,9 @@ use wasm_provisioner_tests::fixture::{Fixture, WAIT};
 
 /// Claims of the slow class created at once: 8 rounds of its 3-worker share.
 const SLOW_CLAIMS: usize = 24;
+/// Slow claims added before each timed fast claim: without shares, each fast claim
+/// queues behind at least these.
+const SLOW_REFILL: usize = 8;
 /// How long the slow module takes per provision.
 const SLOW_MILLIS: u64 = 2000;
 /// Fast claims timed on the idle host, then under load. The criterion: the median
@@ -81,14 +86,19 @@ async fn a_slow_module_at_its_limit_does_not_starve_a_fast_one() -> anyhow::Resu
     })
     .await
     .with_context(|| format!("host log:\n{}", host.log_text()))?;
-    let started_load = Instant::now();
     let waiting_now = || {
         host.metric(r#"wasm_provisioner_module_waiting{module="slow",queue="claims"}"#)
             .unwrap_or(0.0)
     };
     let mut waiting = waiting_now();
     let mut loaded = Vec::new();
+    let mut slow_claims = SLOW_CLAIMS;
     for i in 0..SAMPLES {
+        for _ in 0..SLOW_REFILL {
+            fx.claim(&format!("slow-{slow_claims}"), &slow, "1Mi", json!({}))
+                .await?;
+            slow_claims += 1;
+        }
         waiting = waiting.max(waiting_now());
         let took = time_to_bound(&fx, &format!("busy-{i}"), &fast).await?;
         eprintln!("fast claim {i} beside the slow module: {took:?} (idle: {idle:?})");
@@ -98,28 +108,25 @@ async fn a_slow_module_at_its_limit_does_not_starve_a_fast_one() -> anyhow::Resu
     let median = loaded[SAMPLES / 2];
     assert!(
         median <= idle * 2,
-        "fast claims took {loaded:?} to bind beside {SLOW_CLAIMS} slow claims: the median \
+        "fast claims took {loaded:?} to bind beside {slow_claims} slow claims: the median \
          {median:?} is more than twice the idle {idle:?}; host log:\n{}",
         host.log_text()
     );
-    // The slow module's other claims waited in its own queue.
+    // The slow module's other claims waited in its own queue, up to the last sample:
+    // the fast claims really ran beside a saturated slow module.
+    let waiting_at_end = waiting_now();
     assert!(
-        waiting > 0.0,
-        "no claim of the slow module was seen waiting for its share"
-    );
-    // The fast claims really ran while the slow module was busy.
-    let slow_busy_for = Duration::from_millis(SLOW_MILLIS) * (SLOW_CLAIMS / 3) as u32;
-    assert!(
-        started_load.elapsed() < slow_busy_for / 2,
-        "the fast claims were timed after the slow ones had finished"
+        waiting > 0.0 && waiting_at_end > 0.0,
+        "the slow module's claims were not seen waiting for its share (max {waiting}, \
+         at the end {waiting_at_end})"
     );
 
     // Every slow claim binds in the end, and waiting was no failure: no
     // ProvisioningFailed Event, no failed attempt counted, no `busy` call.
-    for i in 0..SLOW_CLAIMS {
+    for i in 0..slow_claims {
         fx.wait_bound(&format!("slow-{i}")).await?;
     }
-    for i in 0..SLOW_CLAIMS {
+    for i in 0..slow_claims {
         let name = format!("slow-{i}");
         let events = fx.events(&fx.ctx.namespace, &name).await?;
         assert!(
