@@ -348,6 +348,17 @@ fn hostpath_without_a_grant_fails_with_the_plugins_message() {
     assert!(stderr.contains("module hostpath"), "{stderr}");
 }
 
+/// A class of the hostile `test-publish` guest with these parameters.
+fn publish_class(scratch: &Scratch, parameters: &[(&str, &str)]) -> PathBuf {
+    let mut text = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: local\n\
+                    provisioner: wasm-provisioner.dev\nparameters:\n  module: test-publish\n"
+        .to_string();
+    for (key, value) in parameters {
+        text.push_str(&format!("  {key}: {value:?}\n"));
+    }
+    scratch.write("sc.yaml", &text)
+}
+
 /// Issue 9.1 in the offline runner: a module answering a source its grants do not
 /// cover (`hostPath: /`) is refused with the rule, and its backend volume is deleted
 /// through its own `delete`, exactly as the controller does.
@@ -355,19 +366,9 @@ fn hostpath_without_a_grant_fails_with_the_plugins_message() {
 fn a_source_the_module_was_not_granted_is_refused_and_cleaned_up() {
     let scratch = Scratch::new(&["test-publish"]);
     let grants = scratch.grants("test-publish", "/volumes");
-    let class = scratch.write(
-        "sc.yaml",
-        r#"
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: local
-provisioner: wasm-provisioner.dev
-parameters:
-  module: test-publish
-  hostPath: /
-  hostPathType: Directory
-"#,
+    let class = publish_class(
+        &scratch,
+        &[("hostPath", "/"), ("hostPathType", "Directory")],
     );
     let output = provision(&scratch, &[], &class, &grants);
     let stderr = text(&output.stderr);
@@ -385,19 +386,12 @@ parameters:
     );
 
     // The same module, publishing below its granted prefix, is accepted.
-    let class = scratch.write(
-        "sc.yaml",
-        r#"
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: local
-provisioner: wasm-provisioner.dev
-parameters:
-  module: test-publish
-  hostPath: /var/lib/volumes/x
-  hostPathType: Directory
-"#,
+    let class = publish_class(
+        &scratch,
+        &[
+            ("hostPath", "/var/lib/volumes/x"),
+            ("hostPathType", "Directory"),
+        ],
     );
     let output = provision(&scratch, &[], &class, &grants);
     assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
@@ -409,20 +403,13 @@ parameters:
 fn a_module_cannot_create_symlinks_in_its_grant() {
     let scratch = Scratch::new(&["test-publish"]);
     let grants = scratch.grants("test-publish", "/volumes");
-    let class = scratch.write(
-        "sc.yaml",
-        r#"
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: local
-provisioner: wasm-provisioner.dev
-parameters:
-  module: test-publish
-  hostPath: /var/lib/volumes/pvc-5a1d7a2e-0000-4000-8000-000000000001
-  hostPathType: Directory
-  symlinkTarget: ../../../../../../..
-"#,
+    let class = publish_class(
+        &scratch,
+        &[
+            ("hostPath", &format!("/var/lib/volumes/{VOLUME_NAME}")),
+            ("hostPathType", "Directory"),
+            ("symlinkTarget", "../../../../../../.."),
+        ],
     );
     let output = provision(&scratch, &[], &class, &grants);
     let stderr = text(&output.stderr);
