@@ -4,41 +4,13 @@
 //! These tests live in the host package so `CARGO_BIN_EXE_wasm-provisioner` is the
 //! binary of this very build. Guests are built by `guests/build.sh` (a no-op when warm).
 
+mod common;
+use common::dist_dir;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The directory of built guest components (`guests/build.sh` prints it last).
-fn dist_dir() -> &'static Path {
-    static DIST: OnceLock<PathBuf> = OnceLock::new();
-    DIST.get_or_init(|| {
-        let script = repo_root().join("guests/build.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .env_remove("CARGO_TARGET_DIR")
-            .output()
-            .expect("running guests/build.sh");
-        assert!(
-            output.status.success(),
-            "guests/build.sh failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let stdout = String::from_utf8(output.stdout).unwrap();
-        PathBuf::from(
-            stdout
-                .trim()
-                .lines()
-                .last()
-                .expect("build.sh prints the dist directory"),
-        )
-    })
-}
 
 /// A scratch layout: modules dir with the given guests, a granted volumes dir, files.
 struct Scratch {

@@ -5,10 +5,12 @@
 //! runner is run again while it exits with the in-background status (3), as a script
 //! would loop, until it exits 0.
 
+mod common;
+use common::dist_dir;
+
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// `guest delete`'s exit status for "continues in the background".
@@ -16,29 +18,6 @@ const IN_BACKGROUND: i32 = 3;
 
 /// Rounds a delete may take before the test calls it stuck.
 const MAX_ROUNDS: usize = 400;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The directory of built guest components (`guests/build.sh` prints it last).
-fn dist_dir() -> &'static Path {
-    static DIST: OnceLock<PathBuf> = OnceLock::new();
-    DIST.get_or_init(|| {
-        let output = Command::new("bash")
-            .arg(repo_root().join("guests/build.sh"))
-            .env_remove("CARGO_TARGET_DIR")
-            .output()
-            .expect("running guests/build.sh");
-        assert!(
-            output.status.success(),
-            "guests/build.sh failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let stdout = String::from_utf8(output.stdout).unwrap();
-        PathBuf::from(stdout.trim().lines().last().expect("build.sh prints dist"))
-    })
-}
 
 const VOLUME: &str = "pvc-6b2e8f3a-0000-4000-8000-000000000006";
 

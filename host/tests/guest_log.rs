@@ -8,9 +8,11 @@
 //! in both log formats; the runtime must count the dropped bytes per module in
 //! `wasm_provisioner_guest_log_dropped_bytes_total`.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::dist_dir;
+
+use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use wasm_provisioner::plugin::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL;
 use wasm_provisioner::plugin::types::{
@@ -21,26 +23,6 @@ use wasm_provisioner::plugin::{Grants, Runtime, RuntimeConfig};
 
 /// What the guest logs through the import by default: 40 MiB (+ 1 MiB of stdout).
 const FLOOD_BYTES: u64 = 41_943_040;
-
-/// The directory of built guest components (`guests/build.sh` prints it last).
-fn dist_dir() -> &'static Path {
-    static DIST: OnceLock<PathBuf> = OnceLock::new();
-    DIST.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/build.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .env_remove("CARGO_TARGET_DIR")
-            .output()
-            .expect("running guests/build.sh");
-        assert!(
-            output.status.success(),
-            "guests/build.sh failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let stdout = String::from_utf8(output.stdout).unwrap();
-        PathBuf::from(stdout.trim().lines().last().expect("the dist directory"))
-    })
-}
 
 fn flood_module() -> PathBuf {
     dist_dir().join("test-log-flood.wasm")
