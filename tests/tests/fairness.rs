@@ -29,6 +29,10 @@ const SLOW_MILLIS: u64 = 2000;
 /// machine can stall for a scheduling hiccup; without shares it takes seconds).
 const SAMPLES: usize = 5;
 
+/// The tests time binds and deletes against idle ones: one at a time, so they do not
+/// load each other's host.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Creates claim `name` of `class` and returns how long it took to be Bound (polled
 /// every 20 ms: the idle time is a fraction of a second).
 async fn time_to_bound(fx: &Fixture, name: &str, class: &str) -> anyhow::Result<Duration> {
@@ -51,6 +55,7 @@ async fn time_to_bound(fx: &Fixture, name: &str, class: &str) -> anyhow::Result<
 
 #[tokio::test]
 async fn a_slow_module_at_its_limit_does_not_starve_a_fast_one() -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let mut fx = Fixture::new("fairness").await?;
     fx.write_grants(&["echo", "slow"])?;
     fx.install_module("test-echo", "echo");
@@ -146,6 +151,138 @@ async fn a_slow_module_at_its_limit_does_not_starve_a_fast_one() -> anyhow::Resu
     assert!(
         !host.log_text().contains("refused: 8 calls of this module"),
         "a call of the slow module was refused as busy"
+    );
+
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// Deletes claim `name` (Bound) and returns how long until its PV was gone: released,
+/// deleted in the backend by its module, and deleted (polled every 20 ms).
+async fn time_to_volume_gone(fx: &Fixture, name: &str) -> anyhow::Result<Duration> {
+    let pv = fx
+        .claims()
+        .get(name)
+        .await?
+        .spec
+        .and_then(|spec| spec.volume_name)
+        .with_context(|| format!("claim {name} is not bound"))?;
+    let started = Instant::now();
+    fx.claims()
+        .delete(name, &kube::api::DeleteParams::default())
+        .await?;
+    let deadline = started + WAIT;
+    while fx.volumes().get_opt(&pv).await?.is_some() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "volume {pv} of claim {name} still there after {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(started.elapsed())
+}
+
+/// The same for deletes: a module whose deletes are slow holds at most its share of
+/// the volume workers; another module's volumes are still deleted about as fast as on
+/// an idle host.
+#[tokio::test]
+async fn slow_deletes_of_one_module_do_not_starve_another() -> anyhow::Result<()> {
+    /// Slow volumes released at first, then before each timed fast delete.
+    const FIRST: usize = 16;
+    const REFILL: usize = 6;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let mut fx = Fixture::new("fairness-delete").await?;
+    fx.write_grants(&["echo", "slow"])?;
+    fx.install_module("test-echo", "echo");
+    fx.install_module("test-slow", "slow");
+    let fast = fx.class("echo", &[], json!({})).await?;
+    let slow = fx
+        .class(
+            "slow",
+            &[
+                ("sleepMillis", "0"),
+                ("deleteSleepMillis", &SLOW_MILLIS.to_string()),
+            ],
+            json!({}),
+        )
+        .await?;
+    let host = fx.host(&["--threads=4"]);
+
+    let slow_count = FIRST + SAMPLES * REFILL;
+    for i in 0..2 * SAMPLES {
+        fx.claim(&format!("fast-{i}"), &fast, "1Mi", json!({}))
+            .await?;
+    }
+    for i in 0..slow_count {
+        fx.claim(&format!("slow-{i}"), &slow, "1Mi", json!({}))
+            .await?;
+    }
+    for i in 0..2 * SAMPLES {
+        fx.wait_bound(&format!("fast-{i}")).await?;
+    }
+    for i in 0..slow_count {
+        fx.wait_bound(&format!("slow-{i}")).await?;
+    }
+
+    let mut idle = Duration::ZERO;
+    for i in 0..SAMPLES {
+        let took = time_to_volume_gone(&fx, &format!("fast-{i}")).await?;
+        eprintln!("idle fast delete {i}: {took:?}");
+        idle = idle.max(took);
+    }
+
+    let mut released = 0;
+    let mut release = async |count: usize| -> anyhow::Result<()> {
+        for _ in 0..count {
+            fx.claims()
+                .delete(
+                    &format!("slow-{released}"),
+                    &kube::api::DeleteParams::default(),
+                )
+                .await?;
+            released += 1;
+        }
+        Ok(())
+    };
+    release(FIRST).await?;
+    wait_for("the slow module's deletes to run", WAIT, || async {
+        Ok(host
+            .metric(r#"wasm_provisioner_operations_in_flight{operation="delete"}"#)
+            .filter(|running| *running >= 3.0))
+    })
+    .await
+    .with_context(|| format!("host log:\n{}", host.log_text()))?;
+    let waiting_now = || {
+        host.metric(r#"wasm_provisioner_module_waiting{module="slow",queue="volumes"}"#)
+            .unwrap_or(0.0)
+    };
+    let mut waiting = 0.0f64;
+    let mut loaded = Vec::new();
+    for i in SAMPLES..2 * SAMPLES {
+        release(REFILL).await?;
+        waiting = waiting.max(waiting_now());
+        let took = time_to_volume_gone(&fx, &format!("fast-{i}")).await?;
+        eprintln!("fast delete {i} beside the slow module: {took:?} (idle: {idle:?})");
+        loaded.push(took);
+    }
+    loaded.sort();
+    let median = loaded[SAMPLES / 2];
+    assert!(
+        median <= idle * 2,
+        "fast deletes took {loaded:?} beside the slow module's deletes: the median {median:?} \
+         is more than twice the idle {idle:?}; host log:\n{}",
+        host.log_text()
+    );
+    assert!(
+        waiting > 0.0,
+        "the slow module's volumes were not seen waiting for its share"
+    );
+    let failed = host.metric(&format!(
+        r#"controller_persistentvolume_delete_failed_total{{class="{slow}"}}"#
+    ));
+    assert!(
+        failed.is_none_or(|n| n == 0.0),
+        "{failed:?} failed delete attempts of the slow class"
     );
 
     fx.cleanup().await;

@@ -74,6 +74,8 @@ pub struct Context {
     pub volume_retries: Retries,
     /// Each module's share of the claim workers ([`shares`]).
     pub claim_shares: Arc<WorkerShares<PersistentVolumeClaim>>,
+    /// Each module's share of the volume workers.
+    pub volume_shares: Arc<WorkerShares<PersistentVolume>>,
     /// True once all four stores hold their first full list ([`Context::caches_synced`]).
     pub caches_synced: tokio::sync::watch::Receiver<bool>,
 }
@@ -181,8 +183,11 @@ pub async fn run(
                 .map(|claim| ObjectRef::from_obj(claim.as_ref()))
                 .collect::<Vec<_>>()
         });
-    let volume_controller =
-        Controller::new(volumes_api, watcher::Config::default()).with_config(config);
+    let (volume_shares, volume_wakeups) =
+        WorkerShares::new("volumes", settings.threads, metrics.module_waiting.clone());
+    let volume_controller = Controller::new(volumes_api, watcher::Config::default())
+        .with_config(config)
+        .reconcile_on(volume_wakeups);
     let volumes = volume_controller.store();
 
     let recorder = Recorder::new(
@@ -205,6 +210,7 @@ pub async fn run(
             ..settings.retry.clone()
         }),
         claim_shares,
+        volume_shares,
         settings,
         runtime,
         claims: claims.clone(),

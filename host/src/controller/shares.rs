@@ -8,12 +8,12 @@
 //! [`share_limit`]`(threads, maxConcurrentCalls)` workers at once: its
 //! `maxConcurrentCalls`, and never all of them (`threads - 1` when `threads > 1`).
 //!
-//! A claim whose module is at its share does not wait on a worker: its reconcile ends
-//! at once (no failed attempt, no Event, no back-off) and the claim joins the module's
-//! own queue. When one of the module's reconciles ends, the first waiting claim is
-//! reconciled again through the controller's `reconcile_on` trigger; a waiting claim
-//! also re-checks every [`RECHECK`] in case its wake-up went to a claim that no longer
-//! needed it.
+//! A claim (or volume: the volume controller has shares of its own) whose module is at
+//! its share does not wait on a worker: its reconcile ends at once (no failed attempt,
+//! no Event, no back-off) and the claim joins the module's own queue. When one of the
+//! module's reconciles ends, the first waiting claim is reconciled again through the
+//! controller's `reconcile_on` trigger; a waiting claim also re-checks every
+//! [`RECHECK`] in case its wake-up went to a claim that no longer needed it.
 //!
 //! Several slow modules can still together hold every worker (each within its share);
 //! raise `--threads` when many modules are slow at once.

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
@@ -26,10 +27,11 @@ use super::Context;
 use super::claims::{InFlight, call, delete_outcome, observe_call};
 use super::finalizers::{self, Edited};
 use super::retry::Next;
+use super::shares;
 use crate::decide::{self, DeleteDecision, FinalizerAction};
 use crate::names;
 use crate::plugin::types::DeleteError;
-use crate::plugin::{Call, LoadedModule};
+use crate::plugin::{Call, CallError, LoadedModule};
 use crate::volume;
 
 #[derive(Debug, thiserror::Error)]
@@ -145,6 +147,20 @@ fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>,
 }
 
 async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
+    // The module's share of the volume workers (see `shares`): a volume whose module
+    // holds all of it waits in the module's own queue, before any API request, without
+    // an Event or a failed attempt. A module that cannot be told is handled below.
+    let _share = match module_for(ctx, pv) {
+        Ok(module) => match ctx.volume_shares.try_enter(
+            module.name(),
+            module.limits().max_concurrent_calls,
+            ObjectRef::from_obj(pv),
+        ) {
+            Some(permit) => Some(permit),
+            None => return Ok(Action::requeue(shares::RECHECK)),
+        },
+        Err(_) => None,
+    };
     // Decide on the live object: the cache may still show a volume whose backend this
     // host deleted a moment ago (finalizer not yet gone), and a second delete call
     // would be wasted work, or worse for a plugin that is not idempotent.
@@ -177,6 +193,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     .await
     {
         Ok(true) => {}
+        Err(error @ CallError::Busy { .. }) => return Ok(busy(pv, &error)),
         Ok(false) => {
             info!(volume = %volume_name, module = module.name(), "plugin declined to delete (should-delete said no)");
             return Ok(Action::await_change());
@@ -217,6 +234,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
             }
             return Ok(Action::requeue(IN_BACKGROUND_REQUEUE));
         }
+        Err(error @ CallError::Busy { .. }) => return Ok(busy(pv, &error)),
         Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
     }
     forget_in_background(&key(pv));
@@ -241,6 +259,13 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     }
     ctx.volume_retries.forget(&key(pv));
     Ok(Action::await_change())
+}
+
+/// A call refused because the module already runs its `maxConcurrentCalls` (claims and
+/// volumes together): not a failed attempt, no Event; retried shortly.
+fn busy(pv: &PersistentVolume, error: &CallError) -> Action {
+    info!(volume = %pv.name_any(), "{error}; retrying in {:?}", shares::RECHECK);
+    Action::requeue(shares::RECHECK)
 }
 
 async fn delete_failed(

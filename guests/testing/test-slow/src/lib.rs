@@ -2,20 +2,21 @@
 //! `sleepMillis` (default 2000) before answering a hostPath volume
 //! `/srv/slow/<volume-name>` (type DirectoryOrCreate). `mode: sleep` (the default) waits
 //! on the WASI monotonic clock, as a guest waiting for a slow storage API would; `mode:
-//! spin` busy-waits, polling the clock, as a CPU-bound guest would. `delete` answers at
-//! once.
+//! spin` busy-waits, polling the clock, as a CPU-bound guest would. `delete` takes class
+//! parameter `deleteSleepMillis` (default 0) the same way.
 use std::time::{Duration, Instant};
 
 use wasm_provisioner_sdk::{self as sdk, prelude::*};
 
 struct Slow;
 
-fn wait(params: &[(String, String)]) -> Result<(), ProvisionError> {
+/// Waits the number of milliseconds in parameter `key` (default `default`).
+fn wait(params: &[(String, String)], key: &str, default: &str) -> Result<(), String> {
     let params = Params::new(params);
     let millis: u64 = params
-        .get_or("sleepMillis", "2000")
+        .get_or(key, default)
         .parse()
-        .map_err(|_| ProvisionError::Infeasible("sleepMillis must be a number".into()))?;
+        .map_err(|_| format!("{key} must be a number"))?;
     let duration = Duration::from_millis(millis);
     match params.get_or("mode", "sleep") {
         "sleep" => std::thread::sleep(duration),
@@ -25,11 +26,7 @@ fn wait(params: &[(String, String)]) -> Result<(), ProvisionError> {
                 std::hint::spin_loop();
             }
         }
-        other => {
-            return Err(ProvisionError::Infeasible(format!(
-                "mode {other:?}: use sleep or spin"
-            )));
-        }
+        other => return Err(format!("mode {other:?}: use sleep or spin")),
     }
     Ok(())
 }
@@ -39,7 +36,7 @@ impl Provisioner for Slow {
         PluginInfo::new("test-slow", env!("CARGO_PKG_VERSION"))
     }
     fn provision(req: &ProvisionRequest) -> Result<Volume, ProvisionError> {
-        wait(&req.class.parameters)?;
+        wait(&req.class.parameters, "sleepMillis", "2000").map_err(ProvisionError::Infeasible)?;
         Ok(Volume::new(
             req.claim.requested_bytes,
             VolumeSource::host_path(
@@ -48,8 +45,8 @@ impl Provisioner for Slow {
             ),
         ))
     }
-    fn delete(_req: &DeleteRequest) -> Result<(), DeleteError> {
-        Ok(())
+    fn delete(req: &DeleteRequest) -> Result<(), DeleteError> {
+        wait(&req.class_parameters, "deleteSleepMillis", "0").map_err(DeleteError::Failed)
     }
 }
 
