@@ -157,7 +157,14 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
             ObjectRef::from_obj(pv),
         ) {
             Some(permit) => Some(permit),
-            None => return Ok(Action::requeue(shares::RECHECK)),
+            None => {
+                tracing::debug!(
+                    volume = %pv.name_any(),
+                    module = module.name(),
+                    "the module holds its whole share of the workers; the volume waits for one"
+                );
+                return Ok(Action::requeue(shares::RECHECK));
+            }
         },
         Err(_) => None,
     };
