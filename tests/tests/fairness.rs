@@ -25,9 +25,15 @@ const SLOW_REFILL: usize = 8;
 /// How long the slow module takes per provision.
 const SLOW_MILLIS: u64 = 2000;
 /// Fast claims timed on the idle host, then under load. The criterion: the median
-/// loaded bind is within twice the slowest idle bind (one sample on this shared 2-core
-/// machine can stall for a scheduling hiccup; without shares it takes seconds).
+/// loaded bind is within twice the slowest idle bind plus [`SLACK`] (one sample on this
+/// shared 2-core machine can stall for a scheduling hiccup; without shares it takes
+/// seconds: binds 1.6-8.7 s, median 4.2 s, and deletes a median of 3.7 s, against
+/// 65-110 ms idle).
 const SAMPLES: usize = 5;
+/// Absolute slack over twice the idle time: with three of four workers busy with the
+/// slow module, the CI machine's two cores put fast deletes at 2.0-2.3x idle (~220 ms
+/// against ~105 ms) in some runs. Far below the seconds the starvation costs.
+const SLACK: Duration = Duration::from_millis(250);
 
 /// The tests time binds and deletes against idle ones: one at a time, so they do not
 /// load each other's host.
@@ -112,9 +118,9 @@ async fn a_slow_module_at_its_limit_does_not_starve_a_fast_one() -> anyhow::Resu
     loaded.sort();
     let median = loaded[SAMPLES / 2];
     assert!(
-        median <= idle * 2,
+        median <= idle * 2 + SLACK,
         "fast claims took {loaded:?} to bind beside {slow_claims} slow claims: the median \
-         {median:?} is more than twice the idle {idle:?}; host log:\n{}",
+         {median:?} is more than twice the idle {idle:?} plus {SLACK:?}; host log:\n{}",
         host.log_text()
     );
     // The slow module's other claims waited in its own queue, up to the last sample:
@@ -268,9 +274,9 @@ async fn slow_deletes_of_one_module_do_not_starve_another() -> anyhow::Result<()
     loaded.sort();
     let median = loaded[SAMPLES / 2];
     assert!(
-        median <= idle * 2,
+        median <= idle * 2 + SLACK,
         "fast deletes took {loaded:?} beside the slow module's deletes: the median {median:?} \
-         is more than twice the idle {idle:?}; host log:\n{}",
+         is more than twice the idle {idle:?} plus {SLACK:?}; host log:\n{}",
         host.log_text()
     );
     assert!(

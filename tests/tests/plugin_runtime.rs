@@ -493,3 +493,33 @@ async fn delete_round_trip_on_echo() {
     let answer = echo.delete(&request).await.unwrap();
     assert!(answer.is_ok(), "{answer:?}");
 }
+
+/// Issue 10.4: a new version is validated while the module is busy at its limit. Its
+/// `describe` must not compete with the module's calls (it was refused as `busy`, and the
+/// digest remembered as broken until the bytes changed).
+#[tokio::test]
+async fn a_new_version_is_validated_while_the_module_is_busy() {
+    let runtime = runtime("modules: { slow: { limits: { maxConcurrentCalls: 1 } } }");
+    let slow = load(&runtime, "slow", "test-slow").await;
+    let busy = tokio::spawn(async move {
+        slow.provision(&request(&[("sleepMillis", "3000")]))
+            .await
+            .map(|answer| answer.is_ok())
+    });
+    // Let the slow call take the module's only permit.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let outcome = runtime
+        .load_file("slow", &guests::module("test-echo"))
+        .await
+        .expect("the new version is put in service while the old one works");
+    assert!(
+        matches!(outcome, LoadOutcome::Replaced { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(runtime.module("slow").unwrap().info().name, "test-echo");
+    assert_eq!(
+        busy.await.unwrap().ok(),
+        Some(true),
+        "the call in flight finishes"
+    );
+}

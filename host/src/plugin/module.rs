@@ -98,7 +98,9 @@ impl LoadedModule {
             pre: parts.pre,
             engine: parts.engine,
             sandbox,
-            permits: parts.permits,
+            // Validation runs on a permit of its own: it must not compete with the calls
+            // of the version in service (a busy module would refuse its own update).
+            permits: Arc::new(Semaphore::new(1)),
             metrics: parts.metrics,
             log_bytes_per_call: parts.log_bytes_per_call,
             loaded_at: SystemTime::now(),
@@ -109,6 +111,7 @@ impl LoadedModule {
             .await?;
         answer::check_info(&info).map_err(|reason| module.malformed(Call::Describe, reason))?;
         module.info = info;
+        module.permits = parts.permits;
         Ok(module)
     }
 

@@ -231,9 +231,12 @@ impl Runtime {
             .unwrap_or_else(|e| e.into_inner());
         match &result {
             Err(error) => {
-                // A sandbox the host could not set up (a granted directory missing since
-                // start) is not the version's fault: the next scan tries it again.
-                if !sandbox_not_ready(error) {
+                // Only a deterministic failure (compile, link, describe trapped or
+                // answered wrong) is remembered; a sandbox the host could not set up (a
+                // granted directory missing since start), a busy module or a describe
+                // timed out under load is not the version's fault: the next scan tries
+                // it again.
+                if !transient(error) {
                     refused.insert(name.to_string(), sha256);
                 }
                 drop(refused);
@@ -430,8 +433,14 @@ impl Runtime {
     }
 }
 
-/// Whether a load failed because the module's sandbox could not be made (its `describe`
-/// could not start), rather than because of the module.
-fn sandbox_not_ready(error: &LoadError) -> bool {
-    matches!(error, LoadError::Describe { error, .. } if matches!(**error, CallError::Sandbox { .. }))
+/// Whether a load failed for a reason that may pass (the sandbox could not be made, the
+/// module was busy, `describe` timed out), rather than because of the version itself.
+fn transient(error: &LoadError) -> bool {
+    matches!(
+        error,
+        LoadError::Describe { error, .. } if matches!(
+            **error,
+            CallError::Sandbox { .. } | CallError::Busy { .. } | CallError::Timeout { .. }
+        )
+    )
 }
