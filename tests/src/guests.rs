@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use wasm_provisioner::plugin::types::{
+    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
+};
+
 /// The repository root (this crate lives in `<root>/tests`).
 fn repo_root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -92,4 +96,37 @@ pub fn copy_module(name: &str, dir: &Path, as_name: &str) {
         .unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", from.display(), tmp.display()));
     std::fs::rename(&tmp, &to)
         .unwrap_or_else(|e| panic!("cannot rename {} to {}: {e}", tmp.display(), to.display()));
+}
+
+/// A provision request for a 1 MiB filesystem claim `default/data` of class `test` with
+/// these class parameters: what runtime tests hand a guest directly.
+pub fn provision_request(parameters: &[(&str, &str)]) -> ProvisionRequest {
+    ProvisionRequest {
+        volume_name: "pvc-0b6e3d4e-1111-4c3a-9d7e-000000000001".into(),
+        claim: Claim {
+            name: "data".into(),
+            namespace: "default".into(),
+            uid: "0b6e3d4e-1111-4c3a-9d7e-000000000001".into(),
+            labels: vec![],
+            annotations: vec![],
+            access_modes: vec![AccessMode::ReadWriteOnce],
+            requested_bytes: 1024 * 1024,
+            limit_bytes: None,
+            volume_mode: VolumeMode::Filesystem,
+            data_source: None,
+            selector: None,
+        },
+        class: Class {
+            name: "test".into(),
+            parameters: parameters
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            reclaim_policy: ReclaimPolicy::Delete,
+            mount_options: vec![],
+            allowed_topologies: vec![],
+            binding_mode: BindingMode::Immediate,
+        },
+        selected_node: None,
+    }
 }

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasm_provisioner::plugin::types::{
-    AccessMode, BindingMode, Claim, Class, DeleteRequest, ProvisionError, ProvisionRequest,
-    PublishedVolume, ReclaimPolicy, VolumeMode, VolumeSource,
+    DeleteRequest, ProvisionError, ProvisionRequest, PublishedVolume, VolumeSource,
 };
 use wasm_provisioner::plugin::{
     CallError, Grants, LoadError, LoadOutcome, LoadedModule, ResolveError, Runtime, RuntimeConfig,
@@ -35,34 +34,7 @@ async fn load(runtime: &Runtime, name: &str, guest: &str) -> Arc<LoadedModule> {
 }
 
 fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {
-    ProvisionRequest {
-        volume_name: "pvc-0b6e3d4e-1111-4c3a-9d7e-000000000001".into(),
-        claim: Claim {
-            name: "data".into(),
-            namespace: "default".into(),
-            uid: "0b6e3d4e-1111-4c3a-9d7e-000000000001".into(),
-            labels: vec![],
-            annotations: vec![],
-            access_modes: vec![AccessMode::ReadWriteOnce],
-            requested_bytes: 1024 * 1024,
-            limit_bytes: None,
-            volume_mode: VolumeMode::Filesystem,
-            data_source: None,
-            selector: None,
-        },
-        class: Class {
-            name: "test".into(),
-            parameters: parameters
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            reclaim_policy: ReclaimPolicy::Delete,
-            mount_options: vec![],
-            allowed_topologies: vec![],
-            binding_mode: BindingMode::Immediate,
-        },
-        selected_node: None,
-    }
+    guests::provision_request(parameters)
 }
 
 fn delete_request(

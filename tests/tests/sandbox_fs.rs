@@ -8,9 +8,7 @@ use std::os::unix::fs::{PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use wasm_provisioner::plugin::types::{
-    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, Volume, VolumeMode,
-};
+use wasm_provisioner::plugin::types::{ProvisionRequest, Volume};
 use wasm_provisioner::plugin::{
     Grants, LoadError, LoadOutcome, LoadedModule, Runtime, RuntimeConfig, RuntimeError,
 };
@@ -37,34 +35,7 @@ async fn load(runtime: &Runtime, name: &str, guest: &str) -> Arc<LoadedModule> {
 }
 
 fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {
-    ProvisionRequest {
-        volume_name: "pvc-5e1f0000-0000-4000-8000-000000000001".into(),
-        claim: Claim {
-            name: "data".into(),
-            namespace: "default".into(),
-            uid: "5e1f0000-0000-4000-8000-000000000001".into(),
-            labels: vec![],
-            annotations: vec![],
-            access_modes: vec![AccessMode::ReadWriteOnce],
-            requested_bytes: 1024 * 1024,
-            limit_bytes: None,
-            volume_mode: VolumeMode::Filesystem,
-            data_source: None,
-            selector: None,
-        },
-        class: Class {
-            name: "test".into(),
-            parameters: parameters
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            reclaim_policy: ReclaimPolicy::Delete,
-            mount_options: vec![],
-            allowed_topologies: vec![],
-            binding_mode: BindingMode::Immediate,
-        },
-        selected_node: None,
-    }
+    guests::provision_request(parameters)
 }
 
 fn annotation<'a>(volume: &'a Volume, key: &str) -> &'a str {
