@@ -177,6 +177,16 @@ impl<K: Eq + Hash + Clone> Backoff<K> {
         self.failures.remove(key);
     }
 
+    /// Keeps the failures of the keys `keep` says yes to, forgets the others.
+    pub fn retain(&mut self, keep: impl Fn(&K) -> bool) {
+        self.failures.retain(|key, _| keep(key));
+    }
+
+    /// The keys with failures on record.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.failures.keys()
+    }
+
     /// How many keys have failures on record.
     pub fn len(&self) -> usize {
         self.failures.len()

@@ -94,7 +94,7 @@ impl Error {
 }
 
 /// The queue key: the claim's UID, so a claim recreated under the same name starts over.
-fn key(claim: &PersistentVolumeClaim) -> String {
+pub(super) fn key(claim: &PersistentVolumeClaim) -> String {
     claim
         .metadata
         .uid

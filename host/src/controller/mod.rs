@@ -107,6 +107,28 @@ impl Context {
     }
 }
 
+/// How often the retry state of objects that are gone is dropped ([`sweep_retries`]).
+const RETRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Drops the retry state of claims and volumes no longer in the stores: objects deleted
+/// without a final reconcile would otherwise keep their entries for ever (issue 10.8).
+fn sweep_retries(context: &Context) {
+    let claims: std::collections::HashSet<String> = context
+        .claims
+        .state()
+        .iter()
+        .map(|c| claims::key(c))
+        .collect();
+    context.claim_retries.retain(|key| claims.contains(key));
+    let volumes: std::collections::HashSet<String> = context
+        .volumes
+        .state()
+        .iter()
+        .map(|v| volumes::key(v))
+        .collect();
+    context.volume_retries.retain(|key| volumes.contains(key));
+}
+
 /// Starts a reflector for `api` and returns its store; the stream runs until `stop`.
 fn reflect<K>(api: Api<K>, stop: CancellationToken) -> Store<K>
 where
@@ -267,7 +289,12 @@ pub async fn run(
         let context = context.clone();
         let stop = stop.clone();
         async move {
+            let mut last_sweep = std::time::Instant::now();
             while !stop.is_cancelled() {
+                if last_sweep.elapsed() >= RETRY_SWEEP_INTERVAL {
+                    last_sweep = std::time::Instant::now();
+                    sweep_retries(&context);
+                }
                 context
                     .metrics
                     .queue_depth

@@ -151,6 +151,29 @@ impl Retries {
         });
     }
 
+    /// Forgets every key `live` says is gone. An object deleted without a final
+    /// reconcile (deleted while held, or while the controller was busy) never reaches
+    /// [`Retries::forget`]; without this its entries would stay for the life of the
+    /// process, and a churn of create/delete cycles would grow memory without bound.
+    pub fn retain(&self, live: impl Fn(&str) -> bool) {
+        self.with_backoff(|backoff, state| {
+            backoff.retain(|key| live(key));
+            state.given_up.retain(|key, _| live(key));
+            state.infeasible.retain(|key, _| live(key));
+            state.held.retain(|key, _| live(key));
+        });
+    }
+
+    /// Keys with any retry state on record (failures, holds, give-ups, infeasible).
+    pub fn tracked(&self) -> usize {
+        let state = self.state.lock().expect("retry state lock");
+        let mut keys: std::collections::HashSet<&String> = state.given_up.keys().collect();
+        keys.extend(state.infeasible.keys());
+        keys.extend(state.held.keys());
+        keys.extend(state.backoff.iter().flat_map(Backoff::keys));
+        keys.len()
+    }
+
     /// How many times `key` has failed since it was last forgotten.
     pub fn failures(&self, key: &str) -> u32 {
         self.with_backoff(|backoff, _| backoff.failures(&key.to_string()))
@@ -235,5 +258,27 @@ mod tests {
         assert!(!retries.class_changed("a", "100"));
         assert!(retries.class_changed("a", "101"));
         assert!(!retries.class_changed("a", "101"));
+    }
+
+    #[test]
+    fn keys_of_objects_that_are_gone_are_forgotten() {
+        let retries = Retries::new(policy(3));
+        for key in ["a", "b", "c"] {
+            retries.failed(key, 1);
+            retries.hold(key, 1, Duration::from_secs(60));
+        }
+        retries.infeasible("b", "v1");
+        retries.failed("c", 1);
+        retries.failed("c", 1);
+        assert!(retries.given_up("c", 1));
+        assert_eq!(retries.tracked(), 3);
+
+        retries.retain(|key| key == "a");
+        assert_eq!(retries.tracked(), 1);
+        assert_eq!(retries.failures("a"), 1);
+        assert_eq!(retries.failures("b"), 0);
+        assert!(retries.held("b", 1).is_none());
+        assert!(!retries.given_up("c", 1));
+        assert_eq!(retries.depth(), 1);
     }
 }

@@ -84,7 +84,7 @@ fn api_error(pv: &PersistentVolume, source: kube::Error) -> Error {
     }
 }
 
-fn key(pv: &PersistentVolume) -> String {
+pub(super) fn key(pv: &PersistentVolume) -> String {
     pv.metadata.uid.clone().unwrap_or_else(|| pv.name_any())
 }
 
