@@ -9,5 +9,6 @@ cd "$root"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasm-provisioner/target}"
 bash guests/build.sh >/dev/null
 bash tests/controlplane/build.sh >/dev/null
-cargo build -q -p wasm-provisioner -p wasm-provisioner-tests --bins
+# The test command's build (same feature set, so it shares every artifact with the tests).
+cargo test -q --workspace --no-run
 exec "$CARGO_TARGET_DIR/debug/demo"
