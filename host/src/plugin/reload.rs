@@ -118,7 +118,6 @@ impl Runtime {
         // Warned at the first scan, at every reload and whenever the list changes, not at
         // every quiet re-scan; the metric always holds the current list.
         let previous = self.metrics().grants_without_module();
-        let first_scan = self.modules().is_empty();
         self.metrics()
             .set_grants_without_module(report.grants_without_module.clone());
         for module in self.modules() {
@@ -135,7 +134,8 @@ impl Runtime {
             }
         }
         let reloaded = !report.loaded.is_empty() || !report.removed.is_empty();
-        if first_scan || reloaded || previous != report.grants_without_module {
+        // The first scan is a change: the list starts empty.
+        if reloaded || previous != report.grants_without_module {
             for name in &report.grants_without_module {
                 tracing::warn!(
                     module = %name,

@@ -182,7 +182,7 @@ impl VolumeGrants {
                         rule,
                         format!(
                             "{kind} path {path:?} is not below a granted pathPrefix ({})",
-                            prefixes(grants.iter().map(|g| g.path_prefix.as_str()))
+                            granted(grants.iter().map(|g| g.path_prefix.as_str()))
                         ),
                     ));
                 };
@@ -219,7 +219,7 @@ impl VolumeGrants {
                         rule,
                         format!(
                             "nfs server {server:?} is not granted ({})",
-                            prefixes(self.nfs.iter().map(|g| g.server.as_str()))
+                            granted(self.nfs.iter().map(|g| g.server.as_str()))
                         ),
                     ));
                 }
@@ -228,7 +228,7 @@ impl VolumeGrants {
                         rule,
                         format!(
                             "nfs path {path:?} on {server} is not at or below a granted pathPrefix ({})",
-                            prefixes(on_server.iter().map(|g| g.path_prefix.as_str()))
+                            granted(on_server.iter().map(|g| g.path_prefix.as_str()))
                         ),
                     ));
                 }
@@ -244,7 +244,7 @@ impl VolumeGrants {
                         rule,
                         format!(
                             "csi driver {driver:?} is not granted ({})",
-                            prefixes(self.csi.iter().map(|g| g.driver.as_str()))
+                            granted(self.csi.iter().map(|g| g.driver.as_str()))
                         ),
                     ));
                 };
@@ -314,7 +314,8 @@ impl VolumeGrants {
     }
 }
 
-fn prefixes<'a>(items: impl Iterator<Item = &'a str>) -> String {
+/// "granted: a, b": what the grants of one kind allow, for a refusal's reason.
+fn granted<'a>(items: impl Iterator<Item = &'a str>) -> String {
     let items: Vec<&str> = items.collect();
     format!("granted: {}", items.join(", "))
 }
