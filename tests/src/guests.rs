@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use wasm_provisioner::plugin::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
 };
+use wasm_provisioner::plugin::{Grants, LoadedModule, Runtime, RuntimeConfig};
 
 /// The repository root (this crate lives in `<root>/tests`).
 fn repo_root() -> PathBuf {
@@ -129,4 +130,23 @@ pub fn provision_request(parameters: &[(&str, &str)]) -> ProvisionRequest {
         },
         selected_node: None,
     }
+}
+
+/// A plugin runtime with these grants (YAML), no compile cache and default limits.
+pub fn runtime(grants_yaml: &str) -> Runtime {
+    let grants = Grants::from_yaml(grants_yaml, "test grants").expect("valid grants");
+    Runtime::new(RuntimeConfig {
+        grants,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime")
+}
+
+/// Loads built guest `guest` as module `name` and returns the version in service.
+pub async fn load(runtime: &Runtime, name: &str, guest: &str) -> std::sync::Arc<LoadedModule> {
+    runtime
+        .load_file(name, &module(guest))
+        .await
+        .unwrap_or_else(|error| panic!("loading {guest} as {name}: {error}"));
+    runtime.module(name).expect("module in service")
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use wasm_provisioner::plugin::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
 };
-use wasm_provisioner::plugin::{CallError, DirectoryWatcher, Grants, Runtime, RuntimeConfig};
-use wasm_provisioner_tests::guests;
+use wasm_provisioner::plugin::{CallError, DirectoryWatcher, Runtime};
+use wasm_provisioner_tests::guests::{self, runtime};
 
 /// How long a change may take to be served: the debounce plus a compile, with room
 /// for a loaded machine.
@@ -83,15 +83,6 @@ fn wasm(guest: &str) -> Vec<u8> {
 fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(bytes))
-}
-
-fn runtime(grants: &str) -> Runtime {
-    Runtime::new(RuntimeConfig {
-        grants: Grants::from_yaml(grants, "test grants").unwrap(),
-        cache_dir: None,
-        ..RuntimeConfig::default()
-    })
-    .unwrap()
 }
 
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {

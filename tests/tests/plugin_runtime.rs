@@ -3,7 +3,6 @@
 //! `moduleSHA256` pinning.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasm_provisioner::plugin::types::{
@@ -12,26 +11,7 @@ use wasm_provisioner::plugin::types::{
 use wasm_provisioner::plugin::{
     CallError, Grants, LoadError, LoadOutcome, LoadedModule, ResolveError, Runtime, RuntimeConfig,
 };
-use wasm_provisioner_tests::guests;
-
-fn runtime(grants_yaml: &str) -> Runtime {
-    let grants = Grants::from_yaml(grants_yaml, "test grants").expect("valid grants");
-    Runtime::new(RuntimeConfig {
-        grants,
-        cache_dir: None,
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime")
-}
-
-/// Loads built guest `guest` as module `name`.
-async fn load(runtime: &Runtime, name: &str, guest: &str) -> Arc<LoadedModule> {
-    runtime
-        .load_file(name, &guests::module(guest))
-        .await
-        .unwrap_or_else(|error| panic!("loading {guest} as {name}: {error}"));
-    runtime.module(name).expect("module in service")
-}
+use wasm_provisioner_tests::guests::{self, load, runtime};
 
 fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {
     guests::provision_request(parameters)

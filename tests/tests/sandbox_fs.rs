@@ -6,13 +6,12 @@
 
 use std::os::unix::fs::{PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use wasm_provisioner::plugin::types::{ProvisionRequest, Volume};
 use wasm_provisioner::plugin::{
     Grants, LoadError, LoadOutcome, LoadedModule, Runtime, RuntimeConfig, RuntimeError,
 };
-use wasm_provisioner_tests::guests;
+use wasm_provisioner_tests::guests::{self, load, runtime};
 
 fn config(grants_yaml: &str, cache_dir: Option<PathBuf>) -> RuntimeConfig {
     RuntimeConfig {
@@ -20,18 +19,6 @@ fn config(grants_yaml: &str, cache_dir: Option<PathBuf>) -> RuntimeConfig {
         cache_dir,
         ..RuntimeConfig::default()
     }
-}
-
-fn runtime(grants_yaml: &str) -> Runtime {
-    Runtime::new(config(grants_yaml, None)).expect("runtime")
-}
-
-async fn load(runtime: &Runtime, name: &str, guest: &str) -> Arc<LoadedModule> {
-    runtime
-        .load_file(name, &guests::module(guest))
-        .await
-        .unwrap_or_else(|error| panic!("loading {guest} as {name}: {error}"));
-    runtime.module(name).expect("module in service")
 }
 
 fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {
