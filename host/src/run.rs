@@ -14,11 +14,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backoff::{self, RetryPolicy};
-use crate::controller::{self, Settings};
+use crate::controller::faults::Step;
+use crate::controller::{self, Faults, Settings};
+use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
+use crate::names;
 use crate::plugin::{DirectoryWatcher, Grants, Runtime, RuntimeConfig};
 use crate::server::{self, Health};
-use crate::{leader, names};
 
 /// Defaults, named once; the README lists them.
 pub const DEFAULT_THREADS: u16 = 4;
@@ -103,12 +105,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub leader_election_lease_duration: Duration,
 
-    /// The leader must renew its lease within this long; it renews `lease-duration -
-    /// renew-deadline` before the lease would expire.
+    /// The leader stops all work when its last successful renewal started this long ago;
+    /// the rest of the lease duration is the margin before a standby may take over.
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub leader_election_renew_deadline: Duration,
 
-    /// How often a standby tries to take the lease (and a leader retries a failed renew).
+    /// How often the leader renews its lease and a standby tries to take it.
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     pub leader_election_retry_period: Duration,
 
@@ -116,15 +118,25 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
 
-    /// Test hook: exit right after a plugin provisioned and before the PV is created, as
-    /// a kill -9 would. Never use it in production.
+    /// Test hook: exit (status 137, as kill -9) right after these steps. Never use it in
+    /// production.
     #[arg(
         long,
-        env = "WASM_PROVISIONER_FAULT_EXIT_AFTER_PROVISION",
+        env = "WASM_PROVISIONER_FAULT_EXIT_AFTER",
         hide = true,
-        default_value_t = false
+        value_enum,
+        value_delimiter = ','
     )]
-    pub fault_exit_after_provision: bool,
+    pub fault_exit_after: Vec<Step>,
+
+    /// Test hook: the chance of exiting at each `--fault-exit-after` step.
+    #[arg(
+        long,
+        env = "WASM_PROVISIONER_FAULT_EXIT_PROBABILITY",
+        hide = true,
+        default_value_t = 1.0
+    )]
+    pub fault_exit_probability: f64,
 }
 
 impl ControllerArgs {
@@ -144,7 +156,11 @@ impl ControllerArgs {
             pv_save_retries: self.pv_save_retries,
             pv_save_interval: self.pv_save_interval,
             volume_protection_finalizer: self.volume_protection_finalizer,
-            fault_exit_after_provision: self.fault_exit_after_provision,
+            faults: Faults {
+                steps: self.fault_exit_after.clone(),
+                probability: self.fault_exit_probability,
+            },
+            identity: String::new(),
         }
     }
 }
@@ -157,9 +173,9 @@ fn pod_namespace() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// A client with the QPS/burst limit applied.
-async fn client(args: &ControllerArgs) -> anyhow::Result<Client> {
-    let config = match &args.kubeconfig {
+/// The API client configuration from the flags.
+async fn client_config(args: &ControllerArgs) -> anyhow::Result<kube::Config> {
+    Ok(match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -172,8 +188,7 @@ async fn client(args: &ControllerArgs) -> anyhow::Result<Client> {
         None => kube::Config::infer()
             .await
             .context("no cluster: set --kubeconfig or KUBECONFIG, or run in a pod")?,
-    };
-    crate::client::rate_limited(config, args.kube_api_qps, args.kube_api_burst)
+    })
 }
 
 /// Waits for SIGTERM or SIGINT.
@@ -188,7 +203,11 @@ async fn termination() {
 
 /// Runs the controller until SIGTERM/SIGINT (graceful) or a lost lease (error).
 pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> anyhow::Result<()> {
-    let client = client(args).await?;
+    let config = client_config(args).await?;
+    // The Lease gets its own client without the QPS limit: renewals must never wait
+    // behind a provisioning storm.
+    let lease_client = Client::try_from(config.clone())?;
+    let client = crate::client::rate_limited(config, args.kube_api_qps, args.kube_api_burst)?;
     let grants = match &plugins.grants {
         Some(path) => Grants::load(path)?,
         None => Grants::none(),
@@ -237,15 +256,17 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
     };
 
     let identity = leader::identity();
-    let settings = args.settings();
+    let settings = Settings {
+        identity: identity.clone(),
+        ..args.settings()
+    };
     let runtime = Arc::new(runtime);
     let work = {
         let client = client.clone();
         let metrics = metrics.clone();
         let health = health.clone();
-        let identity = identity.clone();
-        move |stop: CancellationToken| {
-            controller::run(client, settings, runtime, metrics, health, identity, stop)
+        move |leadership: Leadership, stop: CancellationToken| {
+            controller::run(client, settings, runtime, metrics, health, leadership, stop)
         }
     };
     let result = if args.leader_elect {
@@ -265,13 +286,13 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
         health
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        leader::run_as_leader(client, lease, metrics.clone(), shutdown.clone(), work)
+        leader::run_as_leader(lease_client, lease, metrics.clone(), shutdown.clone(), work)
             .await
             .map_err(anyhow::Error::from)
     } else {
         // A single replica leads by definition.
         metrics.leader.set(1);
-        work(shutdown.clone()).await;
+        work(Leadership::unelected(), shutdown.clone()).await;
         metrics.leader.set(0);
         Ok(())
     };

@@ -8,6 +8,7 @@
 
 pub mod claims;
 mod events;
+pub mod faults;
 mod finalizers;
 pub mod retry;
 pub mod shares;
@@ -26,10 +27,13 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::claim::ClaimView;
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::plugin::Runtime;
 use crate::server::Health;
 pub use events::EventSink;
+pub use faults::Faults;
 pub use retry::{Retries, RetryPolicy};
 pub use shares::WorkerShares;
 
@@ -54,9 +58,10 @@ pub struct Settings {
     pub pv_save_interval: Duration,
     /// Add the HonorPVReclaimPolicy finalizer to our Bound PVs with policy Delete.
     pub volume_protection_finalizer: bool,
-    /// Test hook: exit the process right after the plugin provisioned and before the PV
-    /// is created, as a kill -9 would.
-    pub fault_exit_after_provision: bool,
+    /// Test hooks: crash points ([`faults`]).
+    pub faults: Faults,
+    /// This process's identity (the Events' reporting instance, the Lease holder).
+    pub identity: String,
 }
 
 /// Everything a reconcile needs.
@@ -78,6 +83,8 @@ pub struct Context {
     pub volume_shares: Arc<WorkerShares<PersistentVolume>>,
     /// True once all four stores hold their first full list ([`Context::caches_synced`]).
     pub caches_synced: tokio::sync::watch::Receiver<bool>,
+    /// The fence every backend-changing step runs through ([`Leadership::fenced`]).
+    pub leadership: Leadership,
 }
 
 impl Context {
@@ -169,7 +176,7 @@ pub async fn run(
     runtime: Arc<Runtime>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    identity: String,
+    leadership: Leadership,
     stop: CancellationToken,
 ) {
     let claims_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
@@ -199,9 +206,7 @@ pub async fn run(
             claims_for_class
                 .state()
                 .into_iter()
-                .filter(|claim| {
-                    crate::request::claim_class_name(claim).as_deref() == Some(name.as_str())
-                })
+                .filter(|claim| ClaimView(claim).class_name().as_deref() == Some(name.as_str()))
                 .map(|claim| ObjectRef::from_obj(claim.as_ref()))
                 .collect::<Vec<_>>()
         });
@@ -216,12 +221,13 @@ pub async fn run(
         client.clone(),
         Reporter {
             controller: settings.provisioner_name.clone(),
-            instance: Some(identity),
+            instance: Some(settings.identity.clone()),
         },
     );
     let (caches_synced_tx, caches_synced) = tokio::sync::watch::channel(false);
     let context = Arc::new(Context {
         caches_synced,
+        leadership,
         client,
         claim_retries: Retries::new(RetryPolicy {
             failure_threshold: settings.failed_provision_threshold,
