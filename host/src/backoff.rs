@@ -84,10 +84,12 @@ impl RetryPolicy {
     }
 }
 
-/// Whether to stop retrying after `failures` failures with `threshold`: as the seed,
-/// give up once the failures reach the threshold; a threshold of 0 never gives up.
+/// Whether to stop the fast retries after `failures` failures (this one included) with
+/// `threshold`. As the seed: it requeues a failed item while its requeue count is below
+/// the threshold, so it gives up at the failure after `threshold` requeues, the
+/// `threshold + 1`-th. A threshold of 0 never gives up.
 pub fn should_give_up(failures: u32, threshold: u32) -> bool {
-    threshold != 0 && failures >= threshold
+    threshold != 0 && failures > threshold
 }
 
 /// A token bucket with an injected clock, like Go's `rate.Limiter` used through
@@ -255,15 +257,18 @@ mod tests {
     }
 
     #[test]
-    fn gives_up_at_the_threshold_and_never_with_zero() {
+    fn gives_up_after_threshold_requeues_and_never_with_zero() {
         assert!(!should_give_up(0, 15));
-        assert!(!should_give_up(14, 15));
-        assert!(should_give_up(15, 15));
+        assert!(
+            !should_give_up(15, 15),
+            "the seed requeues while requeues < 15"
+        );
         assert!(should_give_up(16, 15));
         assert!(!should_give_up(u32::MAX, 0));
-        assert!(should_give_up(1, 1));
+        assert!(!should_give_up(1, 1));
+        assert!(should_give_up(2, 1));
         let p = RetryPolicy::default();
-        assert!(!p.should_give_up(14) && p.should_give_up(15));
+        assert!(!p.should_give_up(15) && p.should_give_up(16));
     }
 
     #[test]
@@ -347,12 +352,12 @@ mod tests {
             ..RetryPolicy::default()
         };
         let mut q = Backoff::new(policy, t0);
-        for _ in 0..2 {
+        for _ in 0..3 {
             q.failed(&1, t0);
             assert!(!q.should_give_up(&1));
         }
         q.failed(&1, t0);
-        assert!(q.should_give_up(&1));
+        assert!(q.should_give_up(&1), "the failure after three requeues");
         assert!(!q.should_give_up(&2));
     }
 

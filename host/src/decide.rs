@@ -19,9 +19,9 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::claim::ClaimView;
 use crate::names;
 use crate::plugin::bindings::types::PluginInfo;
-use crate::request::{claim_class_name, data_source_kind};
 
 /// Whether to provision a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +135,7 @@ impl fmt::Display for SkipProvision {
     }
 }
 
-/// Whether to provision `claim`, whose class (found by [`claim_class_name`]) is `class`
+/// Whether to provision `claim`, whose class (found by [`ClaimView::class_name`]) is `class`
 /// when it exists, for a host answering to `provisioner_names`, with the plugin
 /// described by `info`. Rules, in order: not bound; annotated for us; not being
 /// deleted; class exists and is ours; a WaitForFirstConsumer class has a selected node;
@@ -158,7 +158,7 @@ pub fn should_provision(
         });
     }
 
-    let provisioner = claim_provisioner(claim);
+    let provisioner = ClaimView(claim).provisioner();
     if !provisioner.is_some_and(|p| provisioner_names.contains(&p)) {
         return Skip(SkipProvision::NotOurs {
             provisioner: provisioner.map(str::to_owned),
@@ -171,7 +171,7 @@ pub fn should_provision(
 
     let Some(class) = class else {
         return Skip(SkipProvision::ClassMissing {
-            class: claim_class_name(claim),
+            class: ClaimView(claim).class_name(),
         });
     };
     let class_name = class.metadata.name.clone().unwrap_or_default();
@@ -183,7 +183,7 @@ pub fn should_provision(
     }
 
     if class.volume_binding_mode.as_deref() == Some(names::BINDING_WAIT_FOR_FIRST_CONSUMER)
-        && selected_node(claim).is_none()
+        && ClaimView(claim).selected_node().is_none()
     {
         return Skip(SkipProvision::WaitingForNode { class: class_name });
     }
@@ -196,7 +196,7 @@ pub fn should_provision(
         });
     }
 
-    if let Some(kind) = data_source_kind(claim)
+    if let Some(kind) = ClaimView(claim).data_source_kind()
         && !info.data_source_kinds.iter().any(|k| k == kind)
     {
         return Skip(SkipProvision::DataSourceUnsupported {
@@ -206,23 +206,6 @@ pub fn should_provision(
     }
 
     ProvisionDecision::Provision
-}
-
-/// The provisioner a claim is for: the GA storage-provisioner annotation, else the beta
-/// one.
-pub fn claim_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
-    annotation(&claim.metadata, names::ANN_STORAGE_PROVISIONER)
-        .or_else(|| annotation(&claim.metadata, names::ANN_BETA_STORAGE_PROVISIONER))
-}
-
-/// The node the scheduler selected for a claim: the GA selected-node annotation, else
-/// the alpha one; an empty value counts as none (the host empties neither, it removes
-/// both to ask the scheduler to pick again).
-pub fn selected_node(claim: &PersistentVolumeClaim) -> Option<&str> {
-    [names::ANN_SELECTED_NODE, names::ANN_ALPHA_SELECTED_NODE]
-        .into_iter()
-        .filter_map(|key| annotation(&claim.metadata, key))
-        .find(|node| !node.is_empty())
 }
 
 /// Whether to delete a PV's backend volume.
@@ -565,7 +548,7 @@ mod tests {
         ));
         annotate(&mut c, names::ANN_SELECTED_NODE, "worker-1");
         assert_eq!(decide(&c, Some(&k)), ProvisionDecision::Provision);
-        assert_eq!(selected_node(&c), Some("worker-1"));
+        assert_eq!(ClaimView(&c).selected_node(), Some("worker-1"));
         // Immediate classes do not wait.
         assert_eq!(
             decide(&claim(), Some(&class())),
@@ -580,11 +563,11 @@ mod tests {
         let mut c = claim();
         annotate(&mut c, names::ANN_ALPHA_SELECTED_NODE, "worker-2");
         assert_eq!(decide(&c, Some(&wffc())), ProvisionDecision::Provision);
-        assert_eq!(selected_node(&c), Some("worker-2"));
+        assert_eq!(ClaimView(&c).selected_node(), Some("worker-2"));
         annotate(&mut c, names::ANN_SELECTED_NODE, "worker-1");
-        assert_eq!(selected_node(&c), Some("worker-1"));
+        assert_eq!(ClaimView(&c).selected_node(), Some("worker-1"));
         annotate(&mut c, names::ANN_SELECTED_NODE, "");
-        assert_eq!(selected_node(&c), Some("worker-2"));
+        assert_eq!(ClaimView(&c).selected_node(), Some("worker-2"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 pub mod backoff;
+pub mod claim;
 pub mod cli;
 pub mod client;
 pub mod controller;

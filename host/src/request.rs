@@ -16,6 +16,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::claim::ClaimView;
 use crate::names;
 use crate::plugin::bindings::types;
 use crate::quantity;
@@ -53,44 +54,16 @@ pub fn provision_request(
     class: &StorageClass,
     node: Option<&Node>,
 ) -> Result<types::ProvisionRequest, Error> {
-    let key = claim_key(claim);
-    let volume_name = volume_name(claim).ok_or_else(|| Error::MissingUid { claim: key.clone() })?;
+    let key = ClaimView(claim).key();
+    let volume_name = ClaimView(claim)
+        .volume_name()
+        .ok_or_else(|| Error::MissingUid { claim: key.clone() })?;
     Ok(types::ProvisionRequest {
         volume_name,
         claim: claim_of(claim, &key)?,
         class: class_of(class)?,
         selected_node: node.map(node_of),
     })
-}
-
-/// The name of the PV provisioned for a claim: `pvc-<claim uid>`; none while the claim
-/// has no UID. Deterministic, so a retry or a restart finds the PV of an earlier try.
-pub fn volume_name(claim: &PersistentVolumeClaim) -> Option<String> {
-    claim
-        .metadata
-        .uid
-        .as_deref()
-        .filter(|uid| !uid.is_empty())
-        .map(|uid| format!("{}{uid}", names::PV_NAME_PREFIX))
-}
-
-/// The name of a claim's StorageClass, as Kubernetes reads it: the legacy
-/// `volume.beta.kubernetes.io/storage-class` annotation, when present, wins over
-/// `spec.storageClassName`. An empty name means "no class" and is returned as none.
-pub fn claim_class_name(claim: &PersistentVolumeClaim) -> Option<String> {
-    let annotated = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::ANN_BETA_STORAGE_CLASS));
-    let name = match annotated {
-        Some(name) => Some(name),
-        None => claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.as_ref()),
-    };
-    name.filter(|n| !n.is_empty()).cloned()
 }
 
 /// `namespace/name` of a namespaced object, `name` of a cluster-scoped one: how every
@@ -101,11 +74,6 @@ pub fn object_key(meta: &ObjectMeta) -> String {
         Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
         _ => name.to_owned(),
     }
-}
-
-/// `namespace/name` of a claim.
-pub fn claim_key(claim: &PersistentVolumeClaim) -> String {
-    object_key(&claim.metadata)
 }
 
 /// A class's parameters as a plugin sees them: without the host's reserved keys
@@ -145,17 +113,6 @@ pub fn volume_mode_str(mode: types::VolumeMode) -> &'static str {
     match mode {
         types::VolumeMode::Filesystem => names::VOLUME_MODE_FILESYSTEM,
         types::VolumeMode::Block => names::VOLUME_MODE_BLOCK,
-    }
-}
-
-/// The kind of a claim's data source (`dataSourceRef` preferred over `dataSource`), if
-/// it has one: what the plugin must support, and the `source` metric label.
-pub fn data_source_kind(claim: &PersistentVolumeClaim) -> Option<&str> {
-    let spec = claim.spec.as_ref()?;
-    match (&spec.data_source_ref, &spec.data_source) {
-        (Some(r), _) => Some(r.kind.as_str()),
-        (None, Some(s)) => Some(s.kind.as_str()),
-        (None, None) => None,
     }
 }
 
@@ -383,13 +340,16 @@ pub(crate) mod tests {
 
     #[test]
     fn volume_name_is_pvc_dash_uid() {
-        assert_eq!(volume_name(&claim()).as_deref(), Some("pvc-1234"));
+        assert_eq!(
+            ClaimView(&claim()).volume_name().as_deref(),
+            Some("pvc-1234")
+        );
         assert_eq!(request(&claim()).volume_name, "pvc-1234");
         let mut no_uid = claim();
         no_uid.metadata.uid = None;
-        assert_eq!(volume_name(&no_uid), None);
+        assert_eq!(ClaimView(&no_uid).volume_name(), None);
         no_uid.metadata.uid = Some(String::new());
-        assert_eq!(volume_name(&no_uid), None);
+        assert_eq!(ClaimView(&no_uid).volume_name(), None);
         let err = provision_request(&no_uid, &class(), None).unwrap_err();
         assert_eq!(
             err,
@@ -402,23 +362,23 @@ pub(crate) mod tests {
     #[test]
     fn class_name_prefers_the_legacy_annotation() {
         let mut c = claim();
-        assert_eq!(claim_class_name(&c).as_deref(), Some("fast"));
+        assert_eq!(ClaimView(&c).class_name().as_deref(), Some("fast"));
         c.metadata
             .annotations
             .get_or_insert_default()
             .insert(names::ANN_BETA_STORAGE_CLASS.into(), "legacy".into());
-        assert_eq!(claim_class_name(&c).as_deref(), Some("legacy"));
+        assert_eq!(ClaimView(&c).class_name().as_deref(), Some("legacy"));
         // Present but empty still wins, as in Kubernetes: it means "no class".
         c.metadata
             .annotations
             .get_or_insert_default()
             .insert(names::ANN_BETA_STORAGE_CLASS.into(), String::new());
-        assert_eq!(claim_class_name(&c), None);
+        assert_eq!(ClaimView(&c).class_name(), None);
         let mut c = claim();
         spec(&mut c).storage_class_name = None;
-        assert_eq!(claim_class_name(&c), None);
+        assert_eq!(ClaimView(&c).class_name(), None);
         spec(&mut c).storage_class_name = Some(String::new());
-        assert_eq!(claim_class_name(&c), None);
+        assert_eq!(ClaimView(&c).class_name(), None);
     }
 
     #[test]
@@ -562,7 +522,10 @@ pub(crate) mod tests {
             ("PersistentVolumeClaim", "old")
         );
         assert_eq!((ds.api_group, ds.namespace), (None, None));
-        assert_eq!(data_source_kind(&c), Some("PersistentVolumeClaim"));
+        assert_eq!(
+            ClaimView(&c).data_source_kind(),
+            Some("PersistentVolumeClaim")
+        );
 
         spec(&mut c).data_source_ref = Some(TypedObjectReference {
             api_group: Some("snapshot.storage.k8s.io".into()),
@@ -577,7 +540,7 @@ pub(crate) mod tests {
         );
         assert_eq!(ds.api_group.as_deref(), Some("snapshot.storage.k8s.io"));
         assert_eq!(ds.namespace.as_deref(), Some("other"));
-        assert_eq!(data_source_kind(&c), Some("VolumeSnapshot"));
+        assert_eq!(ClaimView(&c).data_source_kind(), Some("VolumeSnapshot"));
     }
 
     #[test]
@@ -710,7 +673,7 @@ pub(crate) mod tests {
 
     #[test]
     fn object_keys() {
-        assert_eq!(claim_key(&claim()), "ns/data");
+        assert_eq!(ClaimView(&claim()).key(), "ns/data");
         let meta = ObjectMeta {
             name: Some("pvc-1".into()),
             ..Default::default()

@@ -30,11 +30,12 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
+use crate::claim::ClaimView;
 use crate::names;
 use crate::plugin::bindings::types;
 use crate::plugin::{LoadedModule, SourceRefused};
 use crate::quantity;
-use crate::request::{claim_key, plugin_parameters, string_map, volume_mode_str};
+use crate::request::{plugin_parameters, string_map, volume_mode_str};
 
 /// The `PersistentVolumeSpec` keys that name a volume source, as on the wire. A `json`
 /// source must use exactly one of these.
@@ -202,7 +203,7 @@ pub fn persistent_volume(
     protection_finalizer: bool,
 ) -> Result<PersistentVolume, Error> {
     let name = req.volume_name.clone();
-    let key = claim_key(claim);
+    let key = ClaimView(claim).key();
 
     if volume.capacity_bytes < req.claim.requested_bytes {
         return Err(Error::CapacityTooSmall {

@@ -14,8 +14,14 @@ pub use crate::backoff::RetryPolicy;
 pub enum Next {
     /// Retry after this delay.
     RetryAfter(Duration),
-    /// The threshold is reached: stop retrying until the object changes.
-    GiveUp { failures: u32 },
+    /// The threshold is passed: stop the fast retries (the caller retries once per resync
+    /// period, or when the object changes).
+    GiveUp {
+        failures: u32,
+        /// The first give-up since the object last changed or succeeded: the only one
+        /// told with a Warning Event.
+        first: bool,
+    },
 }
 
 #[derive(Default)]
@@ -60,9 +66,13 @@ impl Retries {
         self.with_backoff(|backoff, state| {
             let delay = backoff.failed(&key.to_string(), Instant::now());
             if backoff.should_give_up(&key.to_string()) {
-                state.given_up.insert(key.to_string(), fingerprint);
+                let first = state
+                    .given_up
+                    .insert(key.to_string(), fingerprint)
+                    .is_none();
                 Next::GiveUp {
                     failures: backoff.failures(&key.to_string()),
+                    first,
                 }
             } else {
                 Next::RetryAfter(delay)
@@ -211,8 +221,27 @@ mod tests {
             retries.failed("a", 1),
             Next::RetryAfter(Duration::from_secs(2))
         );
-        assert_eq!(retries.failed("a", 1), Next::GiveUp { failures: 3 });
+        assert_eq!(
+            retries.failed("a", 1),
+            Next::RetryAfter(Duration::from_secs(4))
+        );
+        assert_eq!(
+            retries.failed("a", 1),
+            Next::GiveUp {
+                failures: 4,
+                first: true
+            },
+            "as the seed: given up at the failure after `threshold` requeues"
+        );
         assert!(retries.given_up("a", 1));
+        assert_eq!(
+            retries.failed("a", 1),
+            Next::GiveUp {
+                failures: 5,
+                first: false
+            },
+            "a later try (once per resync) fails again: not told again"
+        );
         assert_eq!(retries.depth(), 0);
         // The object changed: forgiven, failures start over.
         assert!(!retries.given_up("a", 2));
@@ -268,6 +297,7 @@ mod tests {
             retries.hold(key, 1, Duration::from_secs(60));
         }
         retries.infeasible("b", "v1");
+        retries.failed("c", 1);
         retries.failed("c", 1);
         retries.failed("c", 1);
         assert!(retries.given_up("c", 1));

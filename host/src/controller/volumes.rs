@@ -25,10 +25,12 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::claims::{InFlight, call, delete_outcome, observe_call};
+use super::faults::Step;
 use super::finalizers::{self, Edited};
 use super::retry::Next;
 use super::shares;
 use crate::decide::{self, DeleteDecision, FinalizerAction};
+use crate::leader::NotLeader;
 use crate::names;
 use crate::plugin::types::DeleteError;
 use crate::plugin::{Call, CallError, LoadedModule};
@@ -46,6 +48,9 @@ pub enum Error {
     Delete { volume: String, message: String },
     #[error(transparent)]
     Request(#[from] volume::Error),
+    /// The leadership fence closed: nothing more is done; the next leader takes over.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
 }
 
 /// How soon a delete the plugin answered `in-background` is asked again: soon enough
@@ -211,8 +216,12 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     let gauge = ctx.metrics.in_flight.with_label_values(&["delete"]);
     let in_flight = InFlight::start(&gauge);
     let started = Instant::now();
-    let answer = module.delete(&request).await;
+    let answer = ctx
+        .leadership
+        .fenced("guest delete call", module.delete(&request))
+        .await;
     drop(in_flight);
+    let answer = answer?;
     observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
     match answer {
         Ok(Ok(())) => {}
@@ -244,6 +253,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
         Err(error @ CallError::Busy { .. }) => return Ok(busy(pv, &error)),
         Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
     }
+    ctx.settings.faults.after(Step::GuestDelete, &volume_name);
     forget_in_background(&key(pv));
     ctx.metrics
         .delete_total
@@ -256,11 +266,19 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     info!(volume = %volume_name, module = module.name(), "backend volume deleted");
 
     // The backend is gone: delete the PV object, then let it go.
-    match api.delete(&volume_name, &DeleteParams::default()).await {
+    let deleted = ctx
+        .leadership
+        .fenced(
+            "PV delete",
+            api.delete(&volume_name, &DeleteParams::default()),
+        )
+        .await?;
+    match deleted {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => {}
         Err(error) => return Err(api_error(pv, error)),
     }
+    ctx.settings.faults.after(Step::PvDelete, &volume_name);
     if decide::has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION) {
         edit_finalizer(ctx, pv, false).await?;
     }
@@ -296,6 +314,7 @@ async fn delete_failed(
 
 /// Adds or removes the protection finalizer without overwriting others' finalizers.
 async fn edit_finalizer(ctx: &Context, pv: &PersistentVolume, add: bool) -> Result<(), Error> {
+    ctx.leadership.check("PV finalizer edit")?;
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let edited = finalizers::set(&api, pv, names::FINALIZER_PV_PROTECTION, add)
         .await
@@ -311,18 +330,26 @@ async fn edit_finalizer(ctx: &Context, pv: &PersistentVolume, add: bool) -> Resu
 
 pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(%error, "deleting did not finish; will retry");
+    if let Error::NotLeader(_) = error {
+        return Action::requeue(super::claims::NOT_LEADER_REQUEUE);
+    }
     match ctx.volume_retries.failed(&key(&pv), 0) {
         Next::RetryAfter(delay) => Action::requeue(delay),
-        Next::GiveUp { failures } => {
-            let message = format!(
-                "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept; fix the cause and restart the host, or delete the backend volume manually"
-            );
-            tokio::spawn(async move {
-                ctx.events
-                    .volume_gave_up(&pv, names::REASON_VOLUME_FAILED_DELETE, message)
-                    .await;
-            });
-            Action::await_change()
+        Next::GiveUp { failures, first } => {
+            let resync = ctx.settings.resync_period;
+            // Told once; later failures (one per resync period) only count.
+            if first {
+                let message = format!(
+                    "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept and its deletion retried once every {} (--resync-period); fix the cause, or delete the backend volume manually",
+                    humantime::format_duration(resync)
+                );
+                tokio::spawn(async move {
+                    ctx.events
+                        .volume_gave_up(&pv, names::REASON_VOLUME_FAILED_DELETE, message)
+                        .await;
+                });
+            }
+            Action::requeue(resync)
         }
     }
 }

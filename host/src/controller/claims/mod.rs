@@ -1,0 +1,381 @@
+//! The claim controller: turns each claim of our classes into a PV through its class's
+//! plugin.
+//!
+//! No backend volume is ever orphaned. Before the plugin is first asked to provision,
+//! the claim gets our finalizer (`wasm-provisioner.dev/provisioning`): the intent is
+//! persisted in the API, not in memory. The finalizer comes off only once the claim's
+//! PV exists (the PV then owns the backend volume) or once nothing is left in the
+//! backend. A process killed between the plugin's answer and the PV create finds the
+//! claim again on restart: if the claim still exists the plugin (idempotent by PV
+//! name) answers the same volume and the PV is created; if the claim was deleted
+//! meanwhile, [`cleanup`] asks the plugin for the volume once more and deletes it.
+//!
+//! When the PV cannot be saved after `pv_save_retries` tries, the backend volume is
+//! deleted (the seed's choice), with ProvisioningCleanupFailed when that fails too; the
+//! finalizer stays until the delete succeeds, so the claim cannot leave a volume behind.
+//!
+//! - [`reconcile`]: the decisions before the plugin is called (ours? bound? given up?
+//!   the module's share of the workers, the selected node);
+//! - [`provision`]: the finalizer, the guest call, publishing the PV (or discarding the
+//!   backend volume when it cannot be published);
+//! - [`cleanup`]: a claim deleted while its provisioning was unfinished.
+
+mod cleanup;
+mod provision;
+mod reconcile;
+
+use cleanup::cleanup;
+use provision::provision;
+pub use reconcile::reconcile;
+use reconcile::resolve_module;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::Context;
+use super::faults::Step;
+use super::finalizers::{self, Edited};
+use super::retry::Next;
+use super::shares;
+use crate::claim::ClaimView;
+use crate::decide::{self, ProvisionDecision, SkipProvision};
+use crate::leader::NotLeader;
+use crate::names;
+use crate::plugin::types::{
+    DeleteError, DeleteRequest, PluginInfo, ProvisionError, ProvisionRequest, Volume,
+};
+use crate::plugin::{Call, CallError, LoadedModule};
+use crate::{request, volume};
+
+/// Why one reconcile of a claim did not finish; the error policy turns it into a retry.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("claim {claim}: Kubernetes API: {source}")]
+    Api {
+        claim: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("claim {claim}: {message}")]
+    Skipped { claim: String, message: String },
+    #[error("claim {claim}: {message}")]
+    Module { claim: String, message: String },
+    #[error(transparent)]
+    Request(#[from] request::Error),
+    #[error(transparent)]
+    Volume(#[from] volume::Error),
+    #[error("claim {claim}: {source}")]
+    Call {
+        claim: String,
+        #[source]
+        source: CallError,
+    },
+    #[error("claim {claim}: plugin {module} answered {outcome}: {message}")]
+    Outcome {
+        claim: String,
+        module: String,
+        outcome: &'static str,
+        message: String,
+    },
+    #[error("claim {claim}: plugin {module} answered infeasible: {message}")]
+    Infeasible {
+        claim: String,
+        module: String,
+        message: String,
+        class_version: String,
+    },
+    #[error("claim {claim}: {message}")]
+    Save { claim: String, message: String },
+    /// The claim is being deleted with provisioning in flight; retried until the
+    /// backend is clean, never given up on.
+    #[error("claim {claim} is being deleted; cleaning up its backend volume: {message}")]
+    Cleanup { claim: String, message: String },
+    /// The leadership fence closed: nothing more is done; the next leader takes over.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+}
+
+impl Error {
+    fn api(claim: &PersistentVolumeClaim, source: kube::Error) -> Self {
+        Error::Api {
+            claim: ClaimView(claim).key(),
+            source,
+        }
+    }
+}
+
+/// The queue key: the claim's UID, so a claim recreated under the same name starts over.
+pub(super) fn key(claim: &PersistentVolumeClaim) -> String {
+    claim
+        .metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| ClaimView(claim).key())
+}
+
+/// What the user can change about a claim: a given-up claim is retried once it changes.
+fn fingerprint(claim: &PersistentVolumeClaim) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_string(&claim.spec)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    claim.metadata.labels.hash(&mut hasher);
+    claim.metadata.annotations.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// When a reconcile stopped by the leadership fence is tried again (by then the process
+/// has usually exited).
+pub(super) const NOT_LEADER_REQUEUE: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn resync(ctx: &Context) -> Action {
+    Action::requeue(ctx.settings.resync_period)
+}
+
+/// A call refused because the module already runs its `maxConcurrentCalls` (claims and
+/// volumes together can exceed the claim share): not a failed attempt, no Event; the
+/// claim is retried shortly, like a claim waiting for its share.
+fn busy(claim: &PersistentVolumeClaim, source: &CallError) -> Action {
+    info!(claim = %ClaimView(claim).key(), "{source}; retrying in {:?}", shares::RECHECK);
+    Action::requeue(shares::RECHECK)
+}
+
+/// The PV name of a claim: `pvc-<uid>`.
+fn volume_name_for(claim: &PersistentVolumeClaim) -> String {
+    ClaimView(claim).volume_name().unwrap_or_default()
+}
+
+/// Runs one guest call, recording its duration and outcome.
+pub(super) async fn call<T>(
+    ctx: &Context,
+    module: &LoadedModule,
+    call: Call,
+    future: impl std::future::Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    let started = Instant::now();
+    let result = future.await;
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(error) => error.metric_label(),
+    };
+    observe_call(ctx, module, call, started, outcome);
+    result
+}
+
+pub(super) fn observe_call(
+    ctx: &Context,
+    module: &LoadedModule,
+    call: Call,
+    started: Instant,
+    outcome: &str,
+) {
+    let labels = [module.name(), call.as_str(), outcome];
+    ctx.metrics
+        .guest_call_duration
+        .with_label_values(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    if outcome != "ok" {
+        ctx.metrics
+            .guest_call_failures
+            .with_label_values(&labels)
+            .inc();
+    }
+}
+
+fn provision_error_label(error: &ProvisionError) -> &'static str {
+    match error {
+        ProvisionError::Ignored(_) => "ignored",
+        ProvisionError::Failed(_) => "failed",
+        ProvisionError::InBackground(_) => "in_background",
+        ProvisionError::Reschedule(_) => "reschedule",
+        ProvisionError::Infeasible(_) => "infeasible",
+    }
+}
+
+/// The metric outcome of a `provision` call: "ok", the plugin's error variant, or the
+/// sandbox failure.
+fn provision_outcome(answer: &Result<Result<Volume, ProvisionError>, CallError>) -> &'static str {
+    match answer {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(error)) => provision_error_label(error),
+        Err(error) => error.metric_label(),
+    }
+}
+
+/// The metric outcome of a `delete` call.
+pub(super) fn delete_outcome(answer: &Result<Result<(), DeleteError>, CallError>) -> &'static str {
+    match answer {
+        Ok(Ok(())) => "ok",
+        Ok(Err(DeleteError::Ignored(_))) => "ignored",
+        Ok(Err(DeleteError::Failed(_))) => "failed",
+        Ok(Err(DeleteError::InBackground(_))) => "in_background",
+        Err(error) => error.metric_label(),
+    }
+}
+
+fn metric_labels(claim: &PersistentVolumeClaim, class: &StorageClass) -> [String; 2] {
+    [
+        class.name_any(),
+        ClaimView(claim)
+            .data_source_kind()
+            .unwrap_or_default()
+            .to_string(),
+    ]
+}
+
+fn provision_failed_metric(ctx: &Context, claim: &PersistentVolumeClaim, class: &StorageClass) {
+    let labels = metric_labels(claim, class);
+    ctx.metrics
+        .provision_failed_total
+        .with_label_values(&[labels[0].as_str(), labels[1].as_str()])
+        .inc();
+}
+
+/// One failed provision attempt: counted, and told on the claim as ProvisioningFailed.
+async fn attempt_failed(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    note: String,
+) {
+    provision_failed_metric(ctx, claim, class);
+    ctx.events
+        .claim_warning(claim, names::REASON_PROVISIONING_FAILED, note)
+        .await;
+}
+
+/// Decrements the in-flight gauge when dropped (also when the operation is cancelled).
+pub(super) struct InFlight<'a>(&'a prometheus::IntGauge);
+
+impl<'a> InFlight<'a> {
+    pub(super) fn start(gauge: &'a prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = key(&claim);
+    warn!(%error, "provisioning did not finish; will retry");
+    let print = fingerprint(&claim);
+    match error {
+        Error::Infeasible { class_version, .. } => {
+            let delay = ctx.claim_retries.infeasible(&key, class_version);
+            ctx.claim_retries.hold(&key, print, delay);
+            Action::requeue(delay)
+        }
+        Error::Cleanup { .. } => Action::requeue(ctx.claim_retries.failed_forever(&key)),
+        // Not a failure of the claim: this process is stopping.
+        Error::NotLeader(_) => Action::requeue(NOT_LEADER_REQUEUE),
+        _ => match ctx.claim_retries.failed(&key, print) {
+            Next::RetryAfter(delay) => {
+                ctx.claim_retries.hold(&key, print, delay);
+                Action::requeue(delay)
+            }
+            Next::GiveUp { failures, first } => {
+                let resync = ctx.settings.resync_period;
+                ctx.claim_retries.hold(&key, print, resync);
+                if first {
+                    let message = format!(
+                        "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {} (--resync-period), or at once when the claim is edited",
+                        humantime::format_duration(resync)
+                    );
+                    tokio::spawn(async move {
+                        ctx.events
+                            .claim_gave_up(&claim, names::REASON_PROVISIONING_FAILED, message)
+                            .await;
+                    });
+                }
+                Action::requeue(resync)
+            }
+        },
+    }
+}
+
+/// Adds or removes our finalizer; returns the claim as it now is.
+async fn set_claim_finalizer(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    add: bool,
+) -> Result<PersistentVolumeClaim, Error> {
+    // Removing it lets the claim go with whatever the backend holds: only a leader may.
+    if !add {
+        ctx.leadership.check("claim finalizer removal")?;
+    }
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
+    match finalizers::set(&api, claim, names::FINALIZER_CLAIM_PROVISIONING, add)
+        .await
+        .map_err(|e| Error::api(claim, e))?
+    {
+        Edited::Done(claim) => {
+            if !add {
+                let key = ClaimView(&claim).key();
+                ctx.settings.faults.after(Step::FinalizerRemove, &key);
+            }
+            Ok(claim)
+        }
+        Edited::Gone => Ok(claim.clone()),
+        Edited::Busy => Err(Error::Save {
+            claim: ClaimView(claim).key(),
+            message: "the claim kept changing while its finalizers were updated; will retry".into(),
+        }),
+    }
+}
+
+/// Adds our finalizer; returns the claim as it now is.
+async fn add_claim_finalizer(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+) -> Result<PersistentVolumeClaim, Error> {
+    set_claim_finalizer(ctx, claim, true).await
+}
+
+/// Removes our finalizer. `claim` must be as fresh as the last write of ours to it (a
+/// stale copy without the finalizer would make this a no-op).
+async fn remove_claim_finalizer(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), Error> {
+    set_claim_finalizer(ctx, claim, false).await.map(drop)
+}
+
+/// Reschedule: drop the selected-node annotations so the scheduler picks again.
+async fn remove_selected_node(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), Error> {
+    ctx.leadership.check("selected-node removal")?;
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
+    let patch = json!({
+        "metadata": {
+            "annotations": {
+                names::ANN_SELECTED_NODE: null,
+                names::ANN_ALPHA_SELECTED_NODE: null,
+            }
+        }
+    });
+    match api
+        .patch(
+            &claim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(Error::api(claim, error)),
+    }
+}

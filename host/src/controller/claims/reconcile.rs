@@ -1,0 +1,247 @@
+//! One reconcile of a claim: the decisions before the plugin is asked to provision.
+
+use super::provision::call_failed;
+use super::*;
+
+pub async fn reconcile(
+    claim: Arc<PersistentVolumeClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.caches_synced().await;
+    let key = key(&claim);
+    let view = ClaimView(&claim);
+    // Only claims for this provisioner: every wasm-provisioner instance uses the same
+    // claim finalizer, so another instance's claims (even being deleted) are not ours.
+    let names = [ctx.settings.provisioner_name.as_str()];
+    if !view.provisioner().is_some_and(|p| names.contains(&p)) {
+        return Ok(resync(&ctx));
+    }
+    if view.is_deleting() {
+        if view.has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) {
+            return cleanup(&claim, &ctx).await;
+        }
+        ctx.claim_retries.forget(&key);
+        return Ok(Action::await_change());
+    }
+
+    // Bound or being bound: whatever we started is published; our finalizer can go.
+    if view.bound_volume().is_some() {
+        remove_claim_finalizer(&ctx, &claim).await?;
+        ctx.claim_retries.forget(&key);
+        return Ok(resync(&ctx));
+    }
+    // A claim given up on is tried again once per resync period (the error policy holds
+    // it that long), as the seed's informer resync does; an edit forgives it at once.
+    ctx.claim_retries.given_up(&key, fingerprint(&claim));
+
+    let class = view.class_name().and_then(|name| ctx.class(&name));
+    if let Some(class) = &class {
+        ctx.claim_retries
+            .class_changed(&key, &class.resource_version().unwrap_or_default());
+    }
+    // Waiting out a retry delay (or an ignored answer) while the claim is unchanged.
+    if let Some(wait) = ctx.claim_retries.held(&key, fingerprint(&claim)) {
+        return Ok(Action::requeue(wait));
+    }
+
+    // The module's share of the workers: when it holds all of it, the claim waits in the
+    // module's own queue (no failed attempt, no Event), and this worker goes on with
+    // other claims. Checked before the live PV read below, so a waiting claim costs no
+    // API request. Held until the reconcile ends.
+    let _share = match enter_share(&ctx, &claim, class.as_deref()) {
+        ShareEntry::Entered(permit) => Some(permit),
+        ShareEntry::NoModule => None,
+        ShareEntry::Wait => return Ok(Action::requeue(shares::RECHECK)),
+    };
+
+    // The cache check: the PV of this claim exists, so provisioning is done. A cache
+    // miss is confirmed live: the cache may lag our own create by a moment, and a
+    // second provision would count and announce the volume twice.
+    let pv_name = volume_name_for(&claim);
+    let existing = match ctx.volume(&pv_name) {
+        Some(pv) => Some(pv),
+        None => Api::<PersistentVolume>::all(ctx.client.clone())
+            .get_opt(&pv_name)
+            .await
+            .map_err(|e| Error::api(&claim, e))?
+            .map(Arc::new),
+    };
+    if existing.is_some_and(|pv| decide::existing_pv_is_this_claims(&pv, &claim)) {
+        remove_claim_finalizer(&ctx, &claim).await?;
+        ctx.claim_retries.forget(&key);
+        return Ok(resync(&ctx));
+    }
+
+    let module = match &class {
+        Some(class) if class.provisioner == ctx.settings.provisioner_name => {
+            Some(resolve_module(&ctx, &claim, class).await?)
+        }
+        _ => None,
+    };
+    let unknown = PluginInfo {
+        name: String::new(),
+        version: String::new(),
+        supports_block: false,
+        data_source_kinds: Vec::new(),
+    };
+    let info = module.as_ref().map_or(&unknown, |m| m.info());
+    match decide::should_provision(&claim, class.as_deref(), &names, info) {
+        ProvisionDecision::Skip(reason) => return skip(&ctx, &claim, reason).await,
+        ProvisionDecision::Provision => {}
+    }
+    let (Some(class), Some(module)) = (class, module) else {
+        unreachable!(
+            "should_provision only says Provision with a class of ours, whose module resolved"
+        );
+    };
+
+    // WaitForFirstConsumer: the selected node must still exist, or the scheduler must
+    // pick again (claims otherwise stay Pending forever on a vanished node). Unless a
+    // provision is under way (our finalizer is on: the module's last answer was "in
+    // background", or the call failed half-way): a volume may still be in the making on
+    // that node, so the module is asked again with the node's name, and only its final
+    // answer (a "reschedule", a failure) sends the claim back to the scheduler.
+    let node = match view.selected_node() {
+        Some(name) => match ctx.node(name) {
+            Some(node) => Some(node),
+            None if view.has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) => {
+                info!(claim = %view.key(), node = name, "the selected node is gone, but provisioning is under way; asking the module before rescheduling");
+                Some(Arc::new(vanished_node(name)))
+            }
+            None => {
+                let message = format!(
+                    "selected node {name:?} does not exist; asking the scheduler to pick another"
+                );
+                ctx.events
+                    .claim_warning(&claim, names::REASON_PROVISIONING_FAILED, message.clone())
+                    .await;
+                remove_selected_node(&ctx, &claim).await?;
+                return Err(Error::Skipped {
+                    claim: view.key(),
+                    message,
+                });
+            }
+        },
+        None => None,
+    };
+
+    let request = request::provision_request(&claim, &class, node.as_deref())?;
+    match call(
+        &ctx,
+        &module,
+        Call::ShouldProvision,
+        module.should_provision(&request),
+    )
+    .await
+    {
+        Ok(true) => {}
+        Err(source @ CallError::Busy { .. }) => return Ok(busy(&claim, &source)),
+        Ok(false) => {
+            info!(claim = %view.key(), module = module.name(), "plugin declined the claim (should-provision said no)");
+            return Ok(resync(&ctx));
+        }
+        Err(source) => return Err(call_failed(&ctx, &claim, &class, source).await),
+    }
+
+    provision(&ctx, &claim, &class, &module, request).await
+}
+
+/// Whether a claim may use a worker for its module now.
+enum ShareEntry {
+    /// A worker of the module's share, held until the reconcile ends.
+    Entered(shares::SharePermit<PersistentVolumeClaim>),
+    /// No module of ours is loaded for the claim's class: nothing to share.
+    NoModule,
+    /// The module holds its whole share: the claim waits in the module's queue.
+    Wait,
+}
+
+fn enter_share(
+    ctx: &Arc<Context>,
+    claim: &PersistentVolumeClaim,
+    class: Option<&StorageClass>,
+) -> ShareEntry {
+    let module = class
+        .filter(|class| class.provisioner == ctx.settings.provisioner_name)
+        .and_then(|class| class.parameters.as_ref()?.get(names::PARAM_MODULE))
+        .and_then(|name| ctx.runtime.module(name));
+    let Some(module) = module else {
+        return ShareEntry::NoModule;
+    };
+    let object = kube::runtime::reflector::ObjectRef::from_obj(claim);
+    match ctx
+        .claim_shares
+        .try_enter(module.name(), module.limits().max_concurrent_calls, object)
+    {
+        Some(permit) => ShareEntry::Entered(permit),
+        None => {
+            tracing::debug!(
+                claim = %ClaimView(claim).key(),
+                module = module.name(),
+                "the module holds its whole share of the workers; the claim waits for one"
+            );
+            ShareEntry::Wait
+        }
+    }
+}
+
+async fn skip(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    reason: SkipProvision,
+) -> Result<Action, Error> {
+    if let Some(event_reason) = reason.event_reason() {
+        ctx.events
+            .claim_warning(claim, event_reason, reason.to_string())
+            .await;
+    }
+    if reason.retry() {
+        return Err(Error::Skipped {
+            claim: ClaimView(claim).key(),
+            message: reason.to_string(),
+        });
+    }
+    Ok(resync(ctx))
+}
+
+/// The class's module, honouring `moduleSHA256`. A missing or refused module is a
+/// Warning Event and a retry: the admin may be adding it right now.
+pub(super) async fn resolve_module(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> Result<Arc<LoadedModule>, Error> {
+    let class_name = class.name_any();
+    let parameters = class.parameters.as_ref();
+    let message = match parameters.and_then(|p| p.get(names::PARAM_MODULE)) {
+        None => format!(
+            "storage class {class_name:?} has no {:?} parameter; set it to the name of a module in the modules directory",
+            names::PARAM_MODULE
+        ),
+        Some(module) => {
+            let pinned = parameters.and_then(|p| p.get(names::PARAM_MODULE_SHA256));
+            match ctx.runtime.resolve(module, pinned.map(String::as_str)) {
+                Ok(loaded) => return Ok(loaded),
+                Err(error) => format!("storage class {class_name:?}: {error}"),
+            }
+        }
+    };
+    ctx.events
+        .claim_warning(claim, names::REASON_PROVISIONING_FAILED, message.clone())
+        .await;
+    Err(Error::Module {
+        claim: ClaimView(claim).key(),
+        message,
+    })
+}
+
+/// A node that is gone, as far as a provision request can tell: its name only.
+fn vanished_node(name: &str) -> k8s_openapi::api::core::v1::Node {
+    k8s_openapi::api::core::v1::Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
