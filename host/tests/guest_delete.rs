@@ -11,7 +11,7 @@ use common::dist_dir;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// `guest delete`'s exit status for "continues in the background".
 const IN_BACKGROUND: i32 = 3;
@@ -299,7 +299,6 @@ fn three_hundred_thousand_files_are_deleted_in_chunks() {
         std::fs::File::create(at).unwrap();
     }
 
-    let started = Instant::now();
     let (rounds, _) = scratch.delete_until_done();
     assert!(
         rounds >= 3,
@@ -310,9 +309,6 @@ fn three_hundred_thousand_files_are_deleted_in_chunks() {
         !scratch.trash().exists(),
         "nothing left behind, not even the trash"
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(300),
-        "deleting took {:?}",
-        started.elapsed()
-    );
+    // How long it took is a figure `delete_until_done` prints, not an assertion (speed
+    // is for benchmarks): 10 to 300 s depending on the machine's load.
 }
