@@ -28,6 +28,9 @@ if [ -z "${KUBECONFIG:-}" ]; then
 fi
 
 log=$(mktemp)
+chaos_report="$CARGO_TARGET_DIR/tmp/chaos-report.md"
+mkdir -p "$(dirname "$chaos_report")"
+: > "$chaos_report"
 set +e
 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
@@ -35,6 +38,12 @@ set -e
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
 rm -f "$log"
+if [ -s "$chaos_report" ]; then
+  echo "chaos suite ($(date -u +%Y-%m-%d), $(nproc) cores, $(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1048576 )) GiB):"
+  echo "| scenario | result |"
+  echo "|---|---|"
+  cat "$chaos_report"
+fi
 echo "tests: $passed passed, $failed failed"
 if [ "$status" -ne 0 ]; then
   exit "$status"

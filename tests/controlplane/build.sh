@@ -26,7 +26,8 @@ echo "building the control-plane launcher for Kubernetes $version (cold: 10-20 m
 started=$(date +%s)
 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$binary.tmp.$$" .
 mv "$binary.tmp.$$" "$binary"
-# Older launchers (other keys) are dead weight: keep only this one.
-find "$cache" -maxdepth 1 -name 'controlplane-*' ! -name "$(basename "$binary")" -delete
+# Older launchers (other keys) are dead weight: keep the three newest (checkouts of
+# different commits on one machine share this cache).
+ls -t "$cache"/controlplane-* 2>/dev/null | grep -v '\.tmp\.' | tail -n +4 | xargs -r rm -f
 echo "built $binary in $(( $(date +%s) - started ))s" >&2
 echo "$binary"

@@ -41,7 +41,7 @@ func main() {
 		cmd := controllermanager.NewControllerManagerCommand()
 		cmd.SetArgs(args)
 		os.Exit(cli.Run(cmd))
-	case "run", "start", "stop":
+	case "run", "start", "stop", "restart-apiserver":
 		if err := orchestrate(component, args); err != nil {
 			fmt.Fprintf(os.Stderr, "controlplane %s: %v\n", component, err)
 			os.Exit(1)
@@ -52,6 +52,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: controlplane {run|start|stop} [--dir DIR] | {etcd|kube-apiserver|kube-controller-manager} ARGS...")
+	fmt.Fprintln(os.Stderr, "usage: controlplane {run|start|stop|restart-apiserver} [--dir DIR] | {etcd|kube-apiserver|kube-controller-manager} ARGS...")
 	os.Exit(2)
 }

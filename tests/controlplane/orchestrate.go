@@ -34,6 +34,8 @@ const (
 	launcherPIDs   = "launcher.pid"
 	componentPIDs  = "components.pid"
 	launcherLog    = "launcher.log"
+	// apiserverRestarts counts the kube-apiserver restarts done on request.
+	apiserverRestarts = "apiserver-restarts"
 )
 
 func orchestrate(command string, args []string) error {
@@ -53,6 +55,11 @@ func orchestrate(command string, args []string) error {
 			return errors.New("stop needs --dir: the directory start printed")
 		}
 		return stop(*dir)
+	case "restart-apiserver":
+		if *dir == "" {
+			return errors.New("restart-apiserver needs --dir: the directory start printed")
+		}
+		return restartAPIServer(*dir)
 	}
 	return fmt.Errorf("unknown command %q", command)
 }
@@ -109,6 +116,9 @@ func run(dir string, detached bool) error {
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	restarts := make(chan os.Signal, 1)
+	signal.Notify(restarts, syscall.SIGUSR1)
+	restarted := 0
 	// Whoever started us may be gone with the read end of our stdout: a write must not
 	// kill us (Go exits on SIGPIPE to stdout) before we have stopped the components.
 	signal.Ignore(syscall.SIGPIPE)
@@ -136,6 +146,14 @@ func run(dir string, detached bool) error {
 		case sig := <-signals:
 			fmt.Printf("received %s, stopping the control plane\n", sig)
 			return nil
+		case <-restarts:
+			if err := plane.restart("kube-apiserver"); err != nil {
+				return err
+			}
+			restarted++
+			if err := os.WriteFile(filepath.Join(dir, apiserverRestarts), []byte(strconv.Itoa(restarted)), 0o600); err != nil {
+				return err
+			}
 		case <-tick.C:
 			if !detached && os.Getppid() != parent {
 				fmt.Println("the process that started the control plane is gone, stopping")
@@ -146,6 +164,33 @@ func run(dir string, detached bool) error {
 			}
 		}
 	}
+}
+
+// restartAPIServer asks the running launcher (SIGUSR1) to stop kube-apiserver and start
+// it again on the same port over the same etcd, and returns once it is ready again: an
+// API server restart as a rolling control-plane upgrade does it, for the chaos tests.
+func restartAPIServer(dir string) error {
+	pid, err := readPID(filepath.Join(dir, launcherPIDs))
+	if err != nil {
+		return fmt.Errorf("no running control plane in %s: %w", dir, err)
+	}
+	count := func() int {
+		data, _ := os.ReadFile(filepath.Join(dir, apiserverRestarts))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+		return n
+	}
+	before := count()
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		return fmt.Errorf("signalling the launcher: %w", err)
+	}
+	deadline := time.Now().Add(readyTimeout)
+	for time.Now().Before(deadline) {
+		if count() > before {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("kube-apiserver not back after %s; see %s", readyTimeout, filepath.Join(dir, launcherLog))
 }
 
 // stop ends a control plane started with `start`: the launcher first (it stops its
@@ -201,6 +246,7 @@ func terminate(pid int) {
 // component is one running upstream process.
 type component struct {
 	name string
+	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -208,6 +254,7 @@ type component struct {
 type controlPlane struct {
 	dir        string
 	components []*component
+	apiURL     string
 }
 
 func (p *controlPlane) startAll() error {
@@ -223,6 +270,7 @@ func (p *controlPlane) startAll() error {
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
 	apiURL := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	p.apiURL = apiURL
 
 	kubeconfig := filepath.Join(p.dir, kubeconfigFile)
 	if err := writeKubeconfig(kubeconfig, apiURL, pki.caPEM); err != nil {
@@ -307,7 +355,7 @@ func (p *controlPlane) launch(name string, args ...string) error {
 		logFile.Close()
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	c := &component{name: name, cmd: cmd, done: make(chan struct{})}
+	c := &component{name: name, args: args, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		logFile.Close()
@@ -315,6 +363,33 @@ func (p *controlPlane) launch(name string, args ...string) error {
 	}()
 	p.components = append(p.components, c)
 	return p.recordPIDs()
+}
+
+// restart stops one component (SIGTERM, then SIGKILL after stopGrace) and starts it
+// again with the same arguments; for kube-apiserver it waits until /readyz answers.
+func (p *controlPlane) restart(name string) error {
+	for i, c := range p.components {
+		if c.name != name {
+			continue
+		}
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(stopGrace):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+		fmt.Printf("restarting %s\n", name)
+		p.components = append(p.components[:i], p.components[i+1:]...)
+		if err := p.launch(name, c.args...); err != nil {
+			return err
+		}
+		if name == "kube-apiserver" {
+			return waitHTTP(name, p.apiURL+"/readyz", adminToken, p)
+		}
+		return nil
+	}
+	return fmt.Errorf("no component %q to restart", name)
 }
 
 func (p *controlPlane) recordPIDs() error {

@@ -102,6 +102,11 @@ impl Fixture {
     pub fn host_config(&self, extra: &[&str]) -> HostConfig {
         let mut args = HostConfig::fast_retries();
         args.push("--leader-elect=false".into());
+        // A flag in `extra` replaces the default of the same name (the host refuses a
+        // flag given twice).
+        let flag = |arg: &str| arg.split('=').next().unwrap_or(arg).to_string();
+        let replaced: Vec<String> = extra.iter().map(|arg| flag(arg)).collect();
+        args.retain(|arg| !replaced.contains(&flag(arg)));
         args.extend(extra.iter().map(|s| s.to_string()));
         HostConfig {
             kubeconfig: admin_kubeconfig(),

@@ -174,6 +174,30 @@ impl Host {
         self.wait(timeout)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status, if the host has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Resident memory (VmRSS) of the running host, from `/proc`.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
     /// SIGKILL, as `kill -9` would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -4,31 +4,20 @@
 //! backend volume is lost or leaked silently: it is deleted, or kept behind a finalizer
 //! with a Warning Event saying why.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, anyhow, bail, ensure};
+use anyhow::{Context as _, anyhow, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::rbac::v1::{
-    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
-use serde::Deserialize as _;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
-use wasm_provisioner_tests::cluster::{
-    admin_kubeconfig, repo_root, service_account_token, wait_for,
-};
+use wasm_provisioner_tests::access::{Access, deploy_rules, without_verb};
+use wasm_provisioner_tests::cluster::wait_for;
 use wasm_provisioner_tests::fixture::{Fixture, WAIT};
-use wasm_provisioner_tests::host::{Host, HostConfig};
-use wasm_provisioner_tests::kubeconfig;
+use wasm_provisioner_tests::host::Host;
 
 const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
 const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-/// The ServiceAccount the host runs as, in the fixture's namespace.
-const ACCOUNT: &str = "wasm-provisioner";
 
 fn has_finalizer<K: ResourceExt>(object: &K, finalizer: &str) -> bool {
     object.finalizers().iter().any(|f| f == finalizer)
@@ -59,216 +48,12 @@ fn log_tail(host: &Host) -> String {
     )
 }
 
-/// The fixture's host config with `flags` set. A flag given here replaces the
-/// fixture's flag of the same name (`--leader-elect=true` replaces
-/// `--leader-elect=false`): the host refuses a flag given twice.
-fn config_with(fx: &Fixture, flags: &[&str]) -> HostConfig {
-    let mut config = fx.host_config(&[]);
-    for flag in flags {
-        let name = flag.split('=').next().unwrap_or(flag);
-        config.args.retain(|a| a.split('=').next() != Some(name));
-        config.args.push(flag.to_string());
-    }
-    config
-}
-
 /// How many calls `call` of `module` ended with `outcome` (0 before the first).
 fn guest_calls(host: &Host, call: &str, module: &str, outcome: &str) -> f64 {
     host.metric(&format!(
         "wasm_provisioner_guest_call_duration_seconds_count{{call=\"{call}\",module=\"{module}\",outcome=\"{outcome}\"}}"
     ))
     .unwrap_or_default()
-}
-
-/// The rules of the ClusterRole and of the leader-election Role in `deploy/rbac.yaml`.
-fn deploy_rules() -> anyhow::Result<(Vec<PolicyRule>, Vec<PolicyRule>)> {
-    let path = repo_root().join("deploy/rbac.yaml");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let mut cluster_roles = Vec::new();
-    let mut roles = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let value = serde_yaml::Value::deserialize(document)
-            .with_context(|| format!("parsing {}", path.display()))?;
-        match value.get("kind").and_then(serde_yaml::Value::as_str) {
-            Some("ClusterRole") => {
-                cluster_roles.push(serde_yaml::from_value::<ClusterRole>(value)?)
-            }
-            Some("Role") => roles.push(serde_yaml::from_value::<Role>(value)?),
-            _ => {}
-        }
-    }
-    let ([cluster_role], [role]) = (cluster_roles.as_slice(), roles.as_slice()) else {
-        bail!(
-            "{} should hold one ClusterRole and one Role, not {} and {}",
-            path.display(),
-            cluster_roles.len(),
-            roles.len()
-        );
-    };
-    let cluster_rules = cluster_role.rules.clone().unwrap_or_default();
-    let leader_rules = role.rules.clone().unwrap_or_default();
-    ensure!(
-        !cluster_rules.is_empty() && !leader_rules.is_empty(),
-        "{} has a role without rules",
-        path.display()
-    );
-    Ok((cluster_rules, leader_rules))
-}
-
-/// Takes `verb` away from every core-group rule on `resource`; fails if none granted it.
-fn without_verb(rules: &mut [PolicyRule], resource: &str, verb: &str) -> anyhow::Result<()> {
-    let mut removed = false;
-    for rule in rules.iter_mut() {
-        let core = rule
-            .api_groups
-            .as_ref()
-            .is_some_and(|groups| groups.iter().any(|g| g.is_empty()));
-        let on_resource = rule
-            .resources
-            .as_ref()
-            .is_some_and(|resources| resources.iter().any(|r| r == resource));
-        if core && on_resource {
-            let before = rule.verbs.len();
-            rule.verbs.retain(|v| v != verb);
-            removed |= rule.verbs.len() != before;
-        }
-    }
-    ensure!(removed, "no rule granted {verb:?} on {resource:?}");
-    Ok(())
-}
-
-/// A ServiceAccount of the fixture's namespace with a ClusterRole and a leader Role of
-/// their own (test-unique names), and a kubeconfig that authenticates as it.
-struct Access {
-    client: Client,
-    /// The name of the ClusterRole and of its ClusterRoleBinding.
-    name: String,
-    kubeconfig: PathBuf,
-}
-
-impl Access {
-    async fn grant(
-        fx: &Fixture,
-        cluster_rules: Vec<PolicyRule>,
-        leader_rules: Vec<PolicyRule>,
-    ) -> anyhow::Result<Access> {
-        let client = fx.ctx.client.clone();
-        let namespace = fx.ctx.namespace.clone();
-        let name = format!("wasm-provisioner-{namespace}");
-        // The cluster-scoped objects are owned by the namespace too, so the garbage
-        // collector removes them with it should a test fail before revoking.
-        let owner = Api::<Namespace>::all(client.clone())
-            .get(&namespace)
-            .await?;
-        let owned = |name: &str| ObjectMeta {
-            name: Some(name.to_string()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Namespace".into(),
-                name: namespace.clone(),
-                uid: owner.uid().unwrap_or_default(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        };
-        let subjects = Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: ACCOUNT.into(),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        }]);
-        let post = PostParams::default();
-
-        let cluster_role = ClusterRole {
-            metadata: owned(&name),
-            rules: Some(cluster_rules),
-            ..Default::default()
-        };
-        Api::<ClusterRole>::all(client.clone())
-            .create(&post, &cluster_role)
-            .await
-            .with_context(|| format!("creating ClusterRole {name}"))?;
-        let binding = ClusterRoleBinding {
-            metadata: owned(&name),
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "ClusterRole".into(),
-                name: name.clone(),
-            },
-            subjects: subjects.clone(),
-        };
-        Api::<ClusterRoleBinding>::all(client.clone())
-            .create(&post, &binding)
-            .await
-            .with_context(|| format!("creating ClusterRoleBinding {name}"))?;
-
-        let leader = "wasm-provisioner-leader";
-        let role = Role {
-            metadata: ObjectMeta {
-                name: Some(leader.into()),
-                ..Default::default()
-            },
-            rules: Some(leader_rules),
-        };
-        Api::<Role>::namespaced(client.clone(), &namespace)
-            .create(&post, &role)
-            .await
-            .context("creating the leader Role")?;
-        let role_binding = RoleBinding {
-            metadata: ObjectMeta {
-                name: Some(leader.into()),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "Role".into(),
-                name: leader.into(),
-            },
-            subjects,
-        };
-        Api::<RoleBinding>::namespaced(client.clone(), &namespace)
-            .create(&post, &role_binding)
-            .await
-            .context("creating the leader RoleBinding")?;
-
-        let token = service_account_token(&client, &namespace, ACCOUNT).await?;
-        let kubeconfig = fx.root.join("service-account.kubeconfig");
-        kubeconfig::write_with_token(&admin_kubeconfig(), &token, &kubeconfig)?;
-        Ok(Access {
-            client,
-            name,
-            kubeconfig,
-        })
-    }
-
-    /// A host config for the fixture that runs as this account.
-    fn host_config(&self, fx: &Fixture, flags: &[&str]) -> HostConfig {
-        let mut config = config_with(fx, flags);
-        config.kubeconfig = self.kubeconfig.clone();
-        config
-    }
-
-    /// Deletes the cluster-scoped objects and waits until they are gone.
-    async fn revoke(self) -> anyhow::Result<()> {
-        let roles: Api<ClusterRole> = Api::all(self.client.clone());
-        let bindings: Api<ClusterRoleBinding> = Api::all(self.client.clone());
-        let _ = bindings.delete(&self.name, &DeleteParams::default()).await;
-        let _ = roles.delete(&self.name, &DeleteParams::default()).await;
-        wait_for(
-            &format!(
-                "ClusterRole and ClusterRoleBinding {} to be gone",
-                self.name
-            ),
-            WAIT,
-            || async {
-                let gone = bindings.get_opt(&self.name).await?.is_none()
-                    && roles.get_opt(&self.name).await?.is_none();
-                Ok(gone.then_some(()))
-            },
-        )
-        .await
-    }
 }
 
 /// Waits for an Event with `reason` about `name` in `namespace` whose note passes `check`;
@@ -417,7 +202,7 @@ async fn deploy_rbac_is_enough() {
 
 /// The PV create is forbidden: after `--pv-save-retries` tries the host deletes the
 /// backend volume the plugin made, says so in a Warning Event, and lets the claim go.
-/// `--failed-provision-threshold=2` makes the host give up after two such rounds, so
+/// `--failed-provision-threshold=2` makes the host give up after three such rounds, so
 /// the end state is stable when it is checked (while retrying, a round may be making
 /// the directory again).
 #[tokio::test]
@@ -459,7 +244,7 @@ async fn pv_that_cannot_be_saved_is_cleaned_up() {
         })
         .await
         .with_context(|| log_tail(&host))?;
-        ensure!(note.contains("2 failed attempts"), "{note}");
+        ensure!(note.contains("3 failed attempts"), "{note}");
 
         // The plugin made the directory each round and the host deleted it each round.
         let made = guest_calls(&host, "provision", "hostpath", "ok");
@@ -497,6 +282,82 @@ async fn pv_that_cannot_be_saved_is_cleaned_up() {
         );
 
         drop(host);
+        access.revoke().await
+    })
+    .await;
+}
+
+/// The PV is stored although the host's creates all failed (as when the last create
+/// timed out after the server stored it; here someone else creates it while the host's
+/// creates are forbidden): the host looks once more before deleting the backend volume,
+/// finds this claim's live PV and keeps the volume (issue 10.6).
+#[tokio::test]
+async fn a_pv_stored_despite_failed_saves_keeps_its_backend_volume() {
+    scenario("pv-last-look", async |fx| {
+        let (mut cluster_rules, leader_rules) = deploy_rules()?;
+        without_verb(&mut cluster_rules, "persistentvolumes", "create")?;
+        let access = Access::grant(fx, cluster_rules, leader_rules).await?;
+        fx.install_module("hostpath", "hostpath");
+        let class = fx
+            .class("hostpath", &[("nodePath", "/srv/x")], json!({}))
+            .await?;
+        let host = Host::start(
+            &access.host_config(fx, &["--pv-save-retries=2", "--pv-save-interval=4s"]),
+        )?;
+        let claim = fx.claim("data", &class, "1Gi", json!({})).await?;
+        let uid = claim.uid().unwrap_or_default();
+        let pv_name = format!("pvc-{uid}");
+        let dir = fx.module_data("hostpath").join(&pv_name);
+        wait_for("the host's first failed PV save", WAIT, || async {
+            Ok(host
+                .log_text()
+                .contains("could not save the PV")
+                .then_some(()))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        // Stored meanwhile, for this very claim (its UID in claimRef).
+        let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+            "metadata": { "name": pv_name, "annotations": {
+                "pv.kubernetes.io/provisioned-by": fx.provisioner,
+            } },
+            "spec": {
+                "capacity": { "storage": "1Gi" },
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": class,
+                "hostPath": { "path": format!("/srv/x/{pv_name}") },
+                "claimRef": {
+                    "kind": "PersistentVolumeClaim",
+                    "namespace": fx.ctx.namespace,
+                    "name": "data",
+                    "uid": uid,
+                },
+            },
+        }))?;
+        fx.volumes().create(&PostParams::default(), &pv).await?;
+        fx.wait_bound("data")
+            .await
+            .with_context(|| log_tail(&host))?;
+        fx.wait_claim("data", "our finalizer removed", |c| {
+            c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        // Past the last try and the last look: the volume is still there.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        ensure!(
+            dir.is_dir(),
+            "{} was deleted under a live PV\n{}",
+            dir.display(),
+            log_tail(&host)
+        );
+        let deleted = guest_calls(&host, "delete", "hostpath", "ok");
+        ensure!(deleted == 0.0, "no backend delete: {deleted}");
+        drop(host);
+        fx.volumes()
+            .delete(&pv_name, &DeleteParams::default())
+            .await?;
         access.revoke().await
     })
     .await;

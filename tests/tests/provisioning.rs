@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::cluster::wait_for;
 use wasm_provisioner_tests::fixture::{Fixture, WAIT};
@@ -332,16 +333,21 @@ async fn decisions_before_the_plugin_is_called() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The retry threshold: a claim that keeps failing is given up on with a Warning Event.
+/// The retry threshold, as the seed counts it: the fast retries stop at the failure after
+/// `threshold` requeues, with one Warning Event; then the claim is tried once per resync
+/// period (not abandoned), so it binds on its own once the cause is gone.
 #[tokio::test]
-async fn failing_claim_is_given_up_after_the_threshold() -> anyhow::Result<()> {
+async fn failing_claim_is_given_up_after_the_threshold_then_retried_each_resync()
+-> anyhow::Result<()> {
     let mut fx = Fixture::new("threshold").await?;
     fx.install_module("test-echo", "echo");
-    let host = fx.host(&["--failed-provision-threshold=3"]);
-    let failed = fx
-        .class("echo", &[("outcome", "failed")], json!({}))
+    let outcome_file = fx.module_data("echo").join("outcome");
+    std::fs::write(&outcome_file, "failed")?;
+    let host = fx.host(&["--failed-provision-threshold=3", "--resync-period=8s"]);
+    let failing = fx
+        .class("echo", &[("outcomeFile", "/volumes/outcome")], json!({}))
         .await?;
-    fx.claim("doomed", &failed, "1Gi", json!({})).await?;
+    fx.claim("doomed", &failing, "1Gi", json!({})).await?;
     let note = wait_for("the give-up Event", WAIT, || async {
         let events = fx.events(&fx.ctx.namespace, "doomed").await?;
         Ok(events
@@ -350,16 +356,26 @@ async fn failing_claim_is_given_up_after_the_threshold() -> anyhow::Result<()> {
             .map(|(_, note)| note))
     })
     .await?;
-    assert!(note.contains("3 failed attempts"), "{note}");
-    let calls = host
-        .metric("wasm_provisioner_guest_call_failures_total{call=\"provision\",module=\"echo\",outcome=\"failed\"}")
-        .unwrap_or_default();
-    assert_eq!(calls, 3.0, "exactly the threshold of attempts");
+    assert!(note.contains("4 failed attempts"), "{note}");
+    assert!(note.contains("once every 8s"), "{note}");
+    let failed_calls = || {
+        host.metric("wasm_provisioner_guest_call_failures_total{call=\"provision\",module=\"echo\",outcome=\"failed\"}")
+            .unwrap_or_default()
+    };
+    assert_eq!(failed_calls(), 4.0, "threshold + 1 attempts, as the seed");
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let after = host
-        .metric("wasm_provisioner_guest_call_failures_total{call=\"provision\",module=\"echo\",outcome=\"failed\"}")
-        .unwrap_or_default();
-    assert_eq!(after, 3.0, "no attempt after giving up");
+    assert_eq!(failed_calls(), 4.0, "no fast retry after giving up");
+
+    // The cause goes away; nobody edits the claim: the next resync binds it.
+    std::fs::write(&outcome_file, "ok")?;
+    fx.wait_bound("doomed").await?;
+    let gave_up = fx
+        .events(&fx.ctx.namespace, "doomed")
+        .await?
+        .into_iter()
+        .filter(|(_, note)| note.contains("gave up"))
+        .count();
+    assert_eq!(gave_up, 1, "the give-up is told once");
     drop(host);
     fx.cleanup().await;
     Ok(())
@@ -493,6 +509,79 @@ async fn module_swapped_while_claims_are_provisioned() -> anyhow::Result<()> {
         host.metric("wasm_provisioner_module_reloads_total{module=\"echo\"}"),
         Some(2.0)
     );
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// WaitForFirstConsumer and a vanished node (issue 10.10). A claim whose selected node
+/// does not exist is sent back to the scheduler at once — unless the module's last
+/// answer for it was "in background": then a volume may still be in the making on that
+/// node, so the annotation stays and the module is asked again; it goes only after a
+/// final answer (here the module answers "reschedule").
+#[tokio::test]
+async fn selected_node_stays_while_the_module_works_in_the_background() -> anyhow::Result<()> {
+    const SELECTED: &str = "volume.kubernetes.io/selected-node";
+    let mut fx = Fixture::new("wffc-gone").await?;
+    fx.install_module("test-echo", "echo");
+    let outcome_file = fx.module_data("echo").join("outcome");
+    std::fs::write(&outcome_file, "in-background")?;
+    let node_a = format!("{}-a", fx.ctx.namespace);
+    fx.node(&node_a).await?;
+    let host = fx.host(&[]);
+    let class = fx
+        .class(
+            "echo",
+            &[("outcomeFile", "/volumes/outcome")],
+            json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+        )
+        .await?;
+    let selected = |node: &str| {
+        json!({ "metadata": { "annotations": {
+            SELECTED: node,
+            "volume.kubernetes.io/storage-provisioner": fx.provisioner,
+        } } })
+    };
+    // A node that never existed, and no provisioning started: rescheduled at once.
+    fx.claim(
+        "nowhere",
+        &class,
+        "1Mi",
+        selected(&format!("{}-never", fx.ctx.namespace)),
+    )
+    .await?;
+    fx.wait_claim("nowhere", "its selected node removed", |c| {
+        c.is_some_and(|c| !c.annotations().contains_key(SELECTED))
+    })
+    .await?;
+
+    fx.claim("background", &class, "1Mi", selected(&node_a))
+        .await?;
+    let note = fx
+        .wait_claim_event("background", "ProvisioningFailed")
+        .await?;
+    assert!(note.contains("in-background"), "{note}");
+    Api::<Node>::all(fx.ctx.client.clone())
+        .delete(&node_a, &DeleteParams::default())
+        .await?;
+    // Retries come every second or two: several happen while the node is gone.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let claim = fx.claims().get("background").await?;
+    assert_eq!(
+        claim.annotations().get(SELECTED),
+        Some(&node_a),
+        "the annotation stays while the module works in the background\n{}",
+        host.log_text()
+    );
+    assert!(has_finalizer(&claim, FINALIZER_CLAIM));
+
+    std::fs::write(&outcome_file, "reschedule")?;
+    fx.wait_claim("background", "rescheduled after the final answer", |c| {
+        c.is_some_and(|c| {
+            !c.annotations().contains_key(SELECTED) && !has_finalizer(c, FINALIZER_CLAIM)
+        })
+    })
+    .await?;
     drop(host);
     fx.cleanup().await;
     Ok(())

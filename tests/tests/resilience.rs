@@ -24,7 +24,7 @@ async fn crash_between_provision_and_pv_create_then_restart_publishes_the_volume
     let class = fx
         .class("hostpath", &[("nodePath", "/srv/volumes")], json!({}))
         .await?;
-    let mut crashing = fx.host(&["--fault-exit-after-provision"]);
+    let mut crashing = fx.host(&["--fault-exit-after=guest-provision"]);
     let claim = fx.claim("data", &class, "1Gi", json!({})).await?;
     let status = crashing.wait(WAIT)?;
     assert_eq!(
@@ -65,7 +65,7 @@ async fn crash_then_claim_deleted_leaves_no_orphan() -> anyhow::Result<()> {
     let class = fx
         .class("hostpath", &[("nodePath", "/srv/volumes")], json!({}))
         .await?;
-    let mut crashing = fx.host(&["--fault-exit-after-provision"]);
+    let mut crashing = fx.host(&["--fault-exit-after=guest-provision"]);
     let claim = fx.claim("data", &class, "1Gi", json!({})).await?;
     assert_eq!(crashing.wait(WAIT)?.code(), Some(137));
     let dir = fx

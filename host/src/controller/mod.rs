@@ -134,6 +134,7 @@ fn sweep_retries(context: &Context) {
         .map(|v| volumes::key(v))
         .collect();
     context.volume_retries.retain(|key| volumes.contains(key));
+    volumes::retain_announced(|key| volumes.contains(key));
 }
 
 /// Starts a reflector for `api` and returns its store; the stream runs until `stop`.

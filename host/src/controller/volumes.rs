@@ -82,6 +82,17 @@ fn forget_in_background(key: &str) {
     }
 }
 
+/// Forgets the announcements of volumes that are gone (deleted without a last
+/// reconcile), so the set cannot grow for ever.
+pub(super) fn retain_announced(live: impl Fn(&str) -> bool) {
+    let mut announced = ANNOUNCED_IN_BACKGROUND
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(announced) = announced.as_mut() {
+        announced.retain(|key| live(key));
+    }
+}
+
 fn api_error(pv: &PersistentVolume, source: kube::Error) -> Error {
     Error::Api {
         volume: pv.name_any(),
