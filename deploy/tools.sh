@@ -22,21 +22,31 @@ build() {
     return 1
   fi
   local key binary package version ldflags=""
-  key=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-16)
+  package=$(sed -n 's/^tool //p' "$dir/go.mod")
+  # The module that provides the tool, and its pinned version, for `version` output.
+  version=$(cd "$dir" && go list -mod=readonly -f '{{.Module.Version}}' "$package")
+  case "$name" in
+    helm)
+      # As helm's Makefile does: the default Kubernetes version (`helm template` without
+      # --kube-version, lint) is the client-go it was built with, not v1.20.
+      local k8s_minor
+      k8s_minor=$(cd "$dir" && go list -mod=readonly -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)
+      ldflags="-X helm.sh/helm/v3/internal/version.version=$version"
+      for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+        ldflags="$ldflags -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
+      done
+      ;;
+    kustomize) ldflags="-X sigs.k8s.io/kustomize/api/provenance.version=$version" ;;
+    crane) ldflags="-X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$version" ;;
+  esac
+  # The key covers what decides the binary: the pinned modules and the link flags.
+  key=$( (cat "$dir/go.mod" "$dir/go.sum"; echo "$ldflags") | sha256sum | cut -c1-16)
   binary="$cache/$name-$key"
   if [ -x "$binary" ]; then
     echo "$binary"
     return 0
   fi
   mkdir -p "$cache"
-  package=$(sed -n 's/^tool //p' "$dir/go.mod")
-  # The module that provides the tool, and its pinned version, for `version` output.
-  version=$(cd "$dir" && go list -mod=readonly -f '{{.Module.Version}}' "$package")
-  case "$name" in
-    helm) ldflags="-X helm.sh/helm/v3/internal/version.version=$version" ;;
-    kustomize) ldflags="-X sigs.k8s.io/kustomize/api/provenance.version=$version" ;;
-    crane) ldflags="-X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$version" ;;
-  esac
   echo "building $name $version (cached afterwards in $cache)" >&2
   local started
   started=$(date +%s)
