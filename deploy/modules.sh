@@ -8,6 +8,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 dist=$(bash "$here/../guests/build.sh" | tail -n 1)
 mkdir -p "$here/modules"
 for module in hostpath nfs-subdir; do
-  install -m 0644 "$dist/$module.wasm" "$here/modules/$module.wasm"
+  # Replaced atomically and only when changed: a render may be reading it.
+  if ! cmp -s "$dist/$module.wasm" "$here/modules/$module.wasm"; then
+    install -m 0644 "$dist/$module.wasm" "$here/modules/.$module.wasm.$$"
+    mv -f "$here/modules/.$module.wasm.$$" "$here/modules/$module.wasm"
+  fi
 done
 echo "$here/modules"
