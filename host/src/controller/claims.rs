@@ -874,6 +874,7 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
                 Action::requeue(delay)
             }
             Next::GiveUp { failures } => {
+                ctx.metrics.given_up.with_label_values(&["claims"]).inc();
                 let message = format!(
                     "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Edit or recreate the claim to try again"
                 );

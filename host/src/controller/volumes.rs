@@ -314,6 +314,7 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>)
     match ctx.volume_retries.failed(&key(&pv), 0) {
         Next::RetryAfter(delay) => Action::requeue(delay),
         Next::GiveUp { failures } => {
+            ctx.metrics.given_up.with_label_values(&["volumes"]).inc();
             let message = format!(
                 "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept; fix the cause and restart the host, or delete the backend volume manually"
             );
