@@ -100,7 +100,7 @@ pub fn prepare_modules() -> PathBuf {
 /// `helm template RELEASE deploy/helm/wasm-provisioner -n NAMESPACE ARGS...`, with the
 /// test control plane's Kubernetes version, parsed into objects.
 pub fn helm_template(release: &str, namespace: &str, args: &[&str]) -> anyhow::Result<Vec<Value>> {
-    let text = run(helm_template_command(release, namespace, args))?;
+    let text = run(&mut helm_template_command(release, namespace, args))?;
     parse_documents(&text)
 }
 
@@ -186,9 +186,9 @@ pub async fn apply(client: &Client, object: &Value, dry_run: bool) -> anyhow::Re
         .with_context(|| format!("{} has no name", describe(object)))?;
     let api: Api<DynamicObject> = match capabilities.scope {
         Scope::Namespaced => {
-            let namespace = object["metadata"]["namespace"]
-                .as_str()
-                .with_context(|| format!("{} is namespaced but has no namespace", describe(object)))?;
+            let namespace = object["metadata"]["namespace"].as_str().with_context(|| {
+                format!("{} is namespaced but has no namespace", describe(object))
+            })?;
             Api::namespaced_with(client.clone(), namespace, &resource)
         }
         Scope::Cluster => Api::all_with(client.clone(), &resource),
@@ -204,7 +204,11 @@ pub async fn apply(client: &Client, object: &Value, dry_run: bool) -> anyhow::Re
             format!(
                 "the API server refused {}{}",
                 describe(object),
-                if dry_run { " (server-side dry run)" } else { "" }
+                if dry_run {
+                    " (server-side dry run)"
+                } else {
+                    ""
+                }
             )
         })?;
     Ok(serde_json::to_value(applied)?)
@@ -239,8 +243,7 @@ pub fn build_image(binary: &Path, dir: &Path) -> anyhow::Result<Image> {
         .arg(&tarball)
         .arg("-C")
         .arg(&unpacked))?;
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(unpacked.join("manifest.json"))?)?;
+    let manifest: Value = serde_json::from_slice(&std::fs::read(unpacked.join("manifest.json"))?)?;
     let entry = &manifest[0];
     let config_blob: Value = serde_json::from_slice(&std::fs::read(
         unpacked.join(entry["Config"].as_str().context("manifest has no Config")?),

@@ -75,14 +75,19 @@ impl Cluster {
         ) {
             // ByteString's deserialiser is a base64 decoder.
             (Some(data), _) => {
-                serde_json::from_value::<k8s_openapi::ByteString>(Value::String(data.trim().into()))?
-                    .0
+                serde_json::from_value::<k8s_openapi::ByteString>(Value::String(
+                    data.trim().into(),
+                ))?
+                .0
             }
             (None, Some(file)) => std::fs::read(file)?,
             _ => bail!("the kubeconfig's cluster has no certificate authority"),
         };
         Ok(Cluster {
-            host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
             port,
             ca_pem,
         })
@@ -227,7 +232,10 @@ impl Pod {
                 value.clone()
             }
         };
-        let image_user = spec.image.config["User"].as_str().unwrap_or("0:0").to_string();
+        let image_user = spec.image.config["User"]
+            .as_str()
+            .unwrap_or("0:0")
+            .to_string();
         let (image_uid, image_gid) = image_user.split_once(':').unwrap_or((&image_user, "0"));
         let uid = security("runAsUser")
             .as_u64()
@@ -281,7 +289,9 @@ impl Pod {
                     std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o750))?;
                 }
             } else {
-                bail!("volume {name}: only configMap, emptyDir and hostPath are emulated: {volume}");
+                bail!(
+                    "volume {name}: only configMap, emptyDir and hostPath are emulated: {volume}"
+                );
             }
             volumes.insert(
                 name.to_string(),
@@ -300,7 +310,10 @@ impl Pod {
             let volume = volumes
                 .get(name)
                 .with_context(|| format!("mount of unknown volume {name}"))?;
-            ensure!(mount["subPath"].is_null(), "subPath mounts are not emulated");
+            ensure!(
+                mount["subPath"].is_null(),
+                "subPath mounts are not emulated"
+            );
             let mount_path = mount["mountPath"].as_str().context("no mountPath")?;
             mounts.push((
                 volume.dir.clone(),
@@ -325,7 +338,10 @@ impl Pod {
         let mut env: Vec<(String, String)> = vec![
             ("HOSTNAME".into(), spec.pod_name.into()),
             ("KUBERNETES_SERVICE_HOST".into(), spec.cluster.host.clone()),
-            ("KUBERNETES_SERVICE_PORT".into(), spec.cluster.port.to_string()),
+            (
+                "KUBERNETES_SERVICE_PORT".into(),
+                spec.cluster.port.to_string(),
+            ),
         ];
         for var in container["env"].as_array().into_iter().flatten() {
             let name = var["name"].as_str().context("an env var has no name")?;
@@ -335,7 +351,9 @@ impl Pod {
                 match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                     Some("metadata.namespace") => namespace.clone(),
                     Some("metadata.name") => spec.pod_name.to_string(),
-                    _ => bail!("env {name}: only values and the pod's name and namespace are emulated"),
+                    _ => bail!(
+                        "env {name}: only values and the pod's name and namespace are emulated"
+                    ),
                 }
             };
             env.push((name.to_string(), value));
@@ -411,7 +429,13 @@ impl Pod {
         let log = dir.join("container.log");
         let log_file = std::fs::File::create(&log)?;
         let child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "--fork", "--kill-child=SIGKILL"])
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "--fork",
+                "--kill-child=SIGKILL",
+            ])
             .arg("sh")
             .arg(&script_path)
             .stdin(Stdio::null())
@@ -452,11 +476,11 @@ impl Pod {
         let port = &self.container[probe]["httpGet"]["port"];
         match port {
             Value::Number(n) => Ok(u16::try_from(n.as_u64().context("port")?)?),
-            Value::String(name) => self
-                .ports
-                .get(name)
-                .copied()
-                .with_context(|| format!("{probe} names port {name}, which the container lacks")),
+            Value::String(name) => {
+                self.ports.get(name).copied().with_context(|| {
+                    format!("{probe} names port {name}, which the container lacks")
+                })
+            }
             _ => bail!("{probe} has no httpGet port"),
         }
     }
@@ -495,7 +519,10 @@ impl Pod {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
-                bail!("the container exited ({status}); its log:\n{}", self.log_text());
+                bail!(
+                    "the container exited ({status}); its log:\n{}",
+                    self.log_text()
+                );
             }
             if self.probe(probe).unwrap_or(false) {
                 return Ok(());
@@ -525,10 +552,8 @@ impl Pod {
 
     /// SIGTERM to the container's process (kubelet's stop), then its exit status.
     pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        let children = std::fs::read_to_string(format!(
-            "/proc/{0}/task/{0}/children",
-            self.child.id()
-        ))?;
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.child.id()))?;
         let pid = children
             .split_whitespace()
             .next()
@@ -541,7 +566,10 @@ impl Pod {
                 return Ok(status);
             }
             if Instant::now() >= deadline {
-                bail!("still running {timeout:?} after SIGTERM; log:\n{}", self.log_text());
+                bail!(
+                    "still running {timeout:?} after SIGTERM; log:\n{}",
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -5,7 +5,7 @@
 //! and the Deployment run from the image as kubelet would run it (provision, hot reload,
 //! probes) with the dashboard's and alerts' metrics checked on that host's `/metrics`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -23,8 +23,7 @@ use wasm_provisioner_tests::cluster::{
 };
 use wasm_provisioner_tests::install::{
     apply, build_image, describe, exposed_names, helm_template, helm_template_command,
-    kustomize_build, metric_names, of_kind, one, prepare_modules, run, run_expecting_failure,
-    tool,
+    kustomize_build, metric_names, of_kind, one, prepare_modules, run, run_expecting_failure, tool,
 };
 use wasm_provisioner_tests::kubelet::{Cluster, Pod, PodSpec};
 
@@ -196,7 +195,9 @@ fn helm_lint_passes_with_default_and_non_default_values() {
 #[tokio::test]
 async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
     prepare_modules();
-    let ctx = TestContext::new("chart-dry-run").await.expect("a namespace");
+    let ctx = TestContext::new("chart-dry-run")
+        .await
+        .expect("a namespace");
     let release = format!("wp-{}", random_suffix());
     let dir = tempfile::tempdir().unwrap();
     let mut renders = vec![("default values".to_string(), vec![])];
@@ -242,10 +243,22 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
 fn bad_chart_values_fail_with_a_clear_message() {
     prepare_modules();
     let cases: [(&[&str], &str); 5] = [
-        (&["--set", "modules.source=git"], "modules.source must be files, configMap, image or initContainer"),
-        (&["--set", "modules.source=configMap"], "set modules.configMap.name"),
-        (&["--set", "modules.source=image"], "set modules.image.reference"),
-        (&["--set", "leaderElection.enabled=false"], "replicaCount > 1 needs leaderElection.enabled"),
+        (
+            &["--set", "modules.source=git"],
+            "modules.source must be files, configMap, image or initContainer",
+        ),
+        (
+            &["--set", "modules.source=configMap"],
+            "set modules.configMap.name",
+        ),
+        (
+            &["--set", "modules.source=image"],
+            "set modules.image.reference",
+        ),
+        (
+            &["--set", "leaderElection.enabled=false"],
+            "replicaCount > 1 needs leaderElection.enabled",
+        ),
         (
             &["--set", "storageClasses[0].name=x"],
             "class \"x\" has no module",
@@ -351,9 +364,14 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
         .find(|c| c["metadata"]["name"] == "wasm-provisioner-modules")
         .expect("the modules ConfigMap keeps its name");
     for module in ["hostpath", "nfs-subdir"] {
-        let bytes: k8s_openapi::ByteString =
-            serde_json::from_value(modules_map["binaryData"][format!("{module}.wasm")].clone())
-                .unwrap_or_else(|e| panic!("{module}.wasm in binaryData: {e}"));
+        // kustomize folds the base64 into lines.
+        let folded = modules_map["binaryData"][format!("{module}.wasm")]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {module}.wasm in binaryData"))
+            .split_whitespace()
+            .collect::<String>();
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(Value::String(folded))
+            .unwrap_or_else(|e| panic!("{module}.wasm in binaryData: {e}"));
         assert_eq!(
             bytes.0,
             std::fs::read(modules.join(format!("{module}.wasm"))).unwrap()
@@ -385,7 +403,10 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
 
     // The overlay: its own namespace, names, provisioner name and subjects.
     let binding = one(&overlay, "ClusterRoleBinding");
-    assert_eq!(binding["subjects"][0]["namespace"], "wasm-provisioner-second");
+    assert_eq!(
+        binding["subjects"][0]["namespace"],
+        "wasm-provisioner-second"
+    );
     assert_eq!(binding["metadata"]["name"], "wasm-provisioner-second");
     let args = one(&overlay, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
@@ -418,7 +439,9 @@ fn the_image_is_what_the_deployment_expects() {
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     assert!(
-        image.tags.contains(&container["image"].as_str().unwrap().to_string()),
+        image
+            .tags
+            .contains(&container["image"].as_str().unwrap().to_string()),
         "the chart's image {} is not the tarball's {:?}",
         container["image"],
         image.tags
@@ -435,18 +458,27 @@ fn the_image_is_what_the_deployment_expects() {
     assert_eq!(image.config_blob["os"], "linux");
     assert_eq!(image.config_blob["architecture"], "amd64");
     let labels = &image.config["Labels"];
-    assert_eq!(labels["org.opencontainers.image.version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
     assert_eq!(
         labels["org.opencontainers.image.source"],
         "https://github.com/wasm-provisioner/wasm-provisioner"
     );
     // deploy/deployment.yaml names the same image.
-    let raw: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(repo_root().join("deploy/deployment.yaml")).unwrap())
-            .unwrap();
-    assert!(image
-        .tags
-        .contains(&raw["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap().to_string()));
+    let raw: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/deployment.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        image.tags.contains(
+            &raw["spec"]["template"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        )
+    );
     eprintln!(
         "image {:?}: {} bytes",
         image.tarball,
@@ -457,7 +489,7 @@ fn the_image_is_what_the_deployment_expects() {
 /// A component with a custom section appended: the same guest, a new version (sha256).
 fn new_version(component: &[u8]) -> Vec<u8> {
     let name = b"wasm-provisioner-test-version";
-    let payload = format!("{}", random_suffix());
+    let payload = random_suffix();
     let mut section = vec![name.len() as u8];
     section.extend_from_slice(name);
     section.extend_from_slice(payload.as_bytes());
@@ -600,7 +632,9 @@ async fn exercise(
         Ok(body)
     };
     wait_for("this host to lead", WAIT, || async {
-        Ok(metrics(pod)?.contains("wasm_provisioner_leader 1").then_some(()))
+        Ok(metrics(pod)?
+            .contains("wasm_provisioner_leader 1")
+            .then_some(()))
     })
     .await?;
 
@@ -668,7 +702,9 @@ async fn wait_bound(ctx: &TestContext, name: &str) -> anyhow::Result<PersistentV
     let volume = wait_for(&format!("claim {name} Bound"), WAIT, || async {
         let claim = claims.get(name).await?;
         let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-        Ok(bound.then(|| claim.spec.and_then(|s| s.volume_name)).flatten())
+        Ok(bound
+            .then(|| claim.spec.and_then(|s| s.volume_name))
+            .flatten())
     })
     .await?;
     Ok(Api::<PersistentVolume>::all(ctx.client.clone())
@@ -692,7 +728,8 @@ async fn claims_scenario(
 ) -> anyhow::Result<()> {
     let client = &ctx.client;
     let metrics_port = pod.probe_port("readinessProbe")?;
-    let metrics = |pod: &Pod| -> anyhow::Result<String> { Ok(pod.get(metrics_port, "/metrics")?.1) };
+    let metrics =
+        |pod: &Pod| -> anyhow::Result<String> { Ok(pod.get(metrics_port, "/metrics")?.1) };
 
     claim(ctx, "hostpath-1", hostpath_class, Some(node)).await?;
     claim(ctx, "nfs-1", nfs_class, None).await?;
@@ -703,14 +740,18 @@ async fn claims_scenario(
     let made = data.join("hostpath").join(hostpath_volume.name_any());
     ensure!(made.is_dir(), "{} was not made", made.display());
     use std::os::unix::fs::MetadataExt as _;
-    ensure!(std::fs::metadata(&made)?.uid() == 65532, "{} is not 65532's", made.display());
-    let annotation = |pv: &PersistentVolume, key: &str| {
-        pv.annotations().get(key).cloned().unwrap_or_default()
-    };
+    ensure!(
+        std::fs::metadata(&made)?.uid() == 65532,
+        "{} is not 65532's",
+        made.display()
+    );
+    let annotation =
+        |pv: &PersistentVolume, key: &str| pv.annotations().get(key).cloned().unwrap_or_default();
     let modules_dir = &pod.volumes.get("modules").context("a modules volume")?.dir;
     let hostpath_v1 = std::fs::read(modules_dir.join("hostpath.wasm"))?;
     ensure!(
-        annotation(&hostpath_volume, "wasm-provisioner.dev/module-sha256") == sha256_hex(&hostpath_v1),
+        annotation(&hostpath_volume, "wasm-provisioner.dev/module-sha256")
+            == sha256_hex(&hostpath_v1),
         "the first hostpath PV was not made by the ConfigMap's version"
     );
     ensure!(annotation(&nfs_volume, "pv.kubernetes.io/provisioned-by") == provisioner);
@@ -719,15 +760,25 @@ async fn claims_scenario(
     // module added. Then kubelet's re-projection (a new timestamped directory and an
     // atomic `..data` swap).
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ctx.namespace);
-    let map_name = pod.volumes["modules"].config_map.clone().context("modules is a ConfigMap")?;
+    let map_name = pod.volumes["modules"]
+        .config_map
+        .clone()
+        .context("modules is a ConfigMap")?;
     let mut map = maps.get(&map_name).await?;
     let hostpath_v2 = new_version(&hostpath_v1);
     let binary = map.binary_data.get_or_insert_default();
-    binary.insert("hostpath.wasm".into(), k8s_openapi::ByteString(hostpath_v2.clone()));
+    binary.insert(
+        "hostpath.wasm".into(),
+        k8s_openapi::ByteString(hostpath_v2.clone()),
+    );
     binary.remove("nfs-subdir.wasm");
-    binary.insert("broken.wasm".into(), k8s_openapi::ByteString(b"\0asm not a component".to_vec()));
+    binary.insert(
+        "broken.wasm".into(),
+        k8s_openapi::ByteString(b"\0asm not a component".to_vec()),
+    );
     map.metadata.managed_fields = None;
-    maps.replace(&map_name, &PostParams::default(), &map).await?;
+    maps.replace(&map_name, &PostParams::default(), &map)
+        .await?;
     let before: Vec<_> = std::fs::read_dir(modules_dir)?
         .filter_map(|e| e.ok().map(|e| e.file_name()))
         .collect();
@@ -736,13 +787,26 @@ async fn claims_scenario(
         .filter_map(|e| e.ok().map(|e| e.file_name()))
         .collect();
     eprintln!("modules volume before the update: {before:?}; after: {after:?}");
-    wait_for("the new hostpath version, the refusal and the removal", WAIT, || async {
-        let text = metrics(pod)?;
-        let done = metric_value(&text, "wasm_provisioner_module_reloads_total{module=\"hostpath\"}") == Some(2.0)
-            && metric_value(&text, "wasm_provisioner_module_refusals_total{module=\"broken\"}") == Some(1.0)
-            && metric_value(&text, "wasm_provisioner_module_removals_total{module=\"nfs-subdir\"}") == Some(1.0);
-        Ok(done.then_some(()))
-    })
+    wait_for(
+        "the new hostpath version, the refusal and the removal",
+        WAIT,
+        || async {
+            let text = metrics(pod)?;
+            let done = metric_value(
+                &text,
+                "wasm_provisioner_module_reloads_total{module=\"hostpath\"}",
+            ) == Some(2.0)
+                && metric_value(
+                    &text,
+                    "wasm_provisioner_module_refusals_total{module=\"broken\"}",
+                ) == Some(1.0)
+                && metric_value(
+                    &text,
+                    "wasm_provisioner_module_removals_total{module=\"nfs-subdir\"}",
+                ) == Some(1.0);
+            Ok(done.then_some(()))
+        },
+    )
     .await?;
     claim(ctx, "hostpath-2", hostpath_class, Some(node)).await?;
     let second = wait_bound(ctx, "hostpath-2").await?;
@@ -750,7 +814,10 @@ async fn claims_scenario(
         annotation(&second, "wasm-provisioner.dev/module-sha256") == sha256_hex(&hostpath_v2),
         "the claim after the update was not served by the new version"
     );
-    eprintln!("after the ConfigMap update the new hostpath version {} serves", &sha256_hex(&hostpath_v2)[..12]);
+    eprintln!(
+        "after the ConfigMap update the new hostpath version {} serves",
+        &sha256_hex(&hostpath_v2)[..12]
+    );
 
     // A failing class (a parameter the module refuses) and a delete, so the failure and
     // delete metrics exist too.
@@ -769,7 +836,9 @@ async fn claims_scenario(
         .await?;
     claim(ctx, "failing-1", &failing, None).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ctx.namespace);
-    claims.delete("hostpath-1", &DeleteParams::default()).await?;
+    claims
+        .delete("hostpath-1", &DeleteParams::default())
+        .await?;
     let outcome = wait_for("a failed attempt and a delete counted", WAIT, || async {
         let text = metrics(pod)?;
         let failed = text.contains(&format!(
@@ -783,6 +852,10 @@ async fn claims_scenario(
     .await;
     let _ = classes.delete(&failing, &DeleteParams::default()).await;
     outcome?;
-    ensure!(!made.exists(), "{} was not deleted with its claim", made.display());
+    ensure!(
+        !made.exists(),
+        "{} was not deleted with its claim",
+        made.display()
+    );
     Ok(())
 }
