@@ -80,8 +80,12 @@ async fn ensure_monitoring_crds(client: &Client) -> anyhow::Result<()> {
 
 /// Creates the Namespaces the objects live in (for real: a dry run creates nothing, and
 /// namespaced objects need their namespace), then applies every object with a
-/// server-side dry run. Returns the objects as the server would store them.
-async fn dry_run_all(client: &Client, objects: &[Value]) -> anyhow::Result<Vec<Value>> {
+/// server-side dry run. Returns the objects as the server would store them, and the
+/// namespaces it created (for the caller to delete; existing ones are left alone).
+async fn dry_run_all(
+    client: &Client,
+    objects: &[Value],
+) -> anyhow::Result<(Vec<Value>, Vec<String>)> {
     ensure_monitoring_crds(client).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let wanted: BTreeSet<String> = objects
@@ -93,6 +97,7 @@ async fn dry_run_all(client: &Client, objects: &[Value]) -> anyhow::Result<Vec<V
                 .filter_map(|o| o["metadata"]["name"].as_str().map(String::from)),
         )
         .collect();
+    let mut created = Vec::new();
     for namespace in wanted {
         if namespaces.get_opt(&namespace).await?.is_none() {
             let object = Namespace {
@@ -103,13 +108,14 @@ async fn dry_run_all(client: &Client, objects: &[Value]) -> anyhow::Result<Vec<V
                 ..Default::default()
             };
             namespaces.create(&PostParams::default(), &object).await?;
+            created.push(namespace);
         }
     }
     let mut applied = Vec::new();
     for object in objects {
         applied.push(apply(client, object, true).await?);
     }
-    Ok(applied)
+    Ok((applied, created))
 }
 
 /// Values files that exercise what the defaults do not.
@@ -208,7 +214,7 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let objects = helm_template(&release, &ctx.namespace, &args)
             .unwrap_or_else(|e| panic!("helm template with {what}: {e:#}"));
-        let applied = dry_run_all(&ctx.client, &objects)
+        let (applied, _) = dry_run_all(&ctx.client, &objects)
             .await
             .unwrap_or_else(|e| panic!("with {what}: {e:#}"));
         // The server kept what it was given: nothing dropped as unknown (an image volume
@@ -417,14 +423,15 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
         assert_eq!(class["provisioner"], "second.wasm-provisioner.dev");
     }
 
-    for (what, objects) in [("deploy/", &base), ("the overlay", &overlay)] {
-        dry_run_all(&client, objects)
-            .await
-            .unwrap_or_else(|e| panic!("kustomize build {what}: {e:#}"));
-    }
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    for namespace in ["wasm-provisioner", "wasm-provisioner-second"] {
-        let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
+    for (what, objects) in [("deploy/", &base), ("the overlay", &overlay)] {
+        let result = dry_run_all(&client, objects).await;
+        if let Ok((_, created)) = &result {
+            for namespace in created {
+                let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
+            }
+        }
+        result.unwrap_or_else(|e| panic!("kustomize build {what}: {e:#}"));
     }
 }
 
@@ -568,6 +575,21 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
         }
     };
 
+    // The node the hostpath claims select (no kubelet registers one), made before the
+    // host starts so its node cache has it: a selected node the host does not know is
+    // taken for gone and unselected.
+    let node = format!("node-{}", ctx.namespace);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": node, "labels": { "kubernetes.io/hostname": node } },
+            }))?,
+        )
+        .await?;
+
     let image = build_image(&wasm_provisioner_tests::host::binary(), dir.path())?;
     let deployment = one(&objects, "Deployment");
     let account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
@@ -606,6 +628,7 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
         );
     }
     cleanup_cluster_objects().await;
+    let _ = nodes.delete(&node, &DeleteParams::default()).await;
     outcome.with_context(|| format!("the container's log:\n{}", pod.log_text()))
 }
 
@@ -616,7 +639,6 @@ async fn exercise(
     hostpath_class: &str,
     nfs_class: &str,
 ) -> anyhow::Result<()> {
-    let client = &ctx.client;
     let started = std::time::Instant::now();
     pod.wait_probe("livenessProbe", WAIT)?;
     pod.wait_probe("readinessProbe", WAIT)?;
@@ -639,21 +661,9 @@ async fn exercise(
     .await?;
 
     // A claim of each class to Bound. hostpath's class waits for a consumer: the test
-    // plays the scheduler and names a node.
+    // plays the scheduler and names the node made before the host started.
     let node = format!("node-{}", ctx.namespace);
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": { "name": node, "labels": { "kubernetes.io/hostname": node } },
-            }))?,
-        )
-        .await?;
-    let result = claims_scenario(ctx, pod, provisioner, hostpath_class, nfs_class, &node).await;
-    let _ = nodes.delete(&node, &DeleteParams::default()).await;
-    result?;
+    claims_scenario(ctx, pod, provisioner, hostpath_class, nfs_class, &node).await?;
 
     // Every metric the dashboard and the alerts use is exported by this host.
     let exposition = metrics(pod)?;
