@@ -50,6 +50,12 @@ impl RuntimeCollector {
                     .into_iter()
                     .cloned(),
             )
+            .chain(compile_counters(&runtime).iter().flat_map(|counter| {
+                prometheus::core::Collector::desc(counter)
+                    .into_iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            }))
             .collect();
         Self { runtime, descs }
     }
@@ -88,8 +94,48 @@ impl prometheus::core::Collector for RuntimeCollector {
             .iter()
             .flat_map(prometheus::core::Collector::collect)
             .chain(prometheus::core::Collector::collect(&grants))
+            .chain(
+                compile_counters(&self.runtime)
+                    .iter()
+                    .flat_map(prometheus::core::Collector::collect),
+            )
             .collect()
     }
+}
+
+/// The runtime's overall compile counters (no labels): compiles, and the precompiled
+/// cache's hits and misses.
+const COMPILE_COUNTERS: [(&str, &str); 3] = [
+    (
+        "wasm_provisioner_module_compiles_total",
+        "Module versions compiled from wasm (at load or reload; cache misses included)",
+    ),
+    (
+        "wasm_provisioner_compile_cache_hits_total",
+        "Module versions loaded from the precompiled cache (--cache-dir) without compiling",
+    ),
+    (
+        "wasm_provisioner_compile_cache_misses_total",
+        "Module versions the precompiled cache had no usable entry for (missing or refused), so compiled",
+    ),
+];
+
+fn compile_counters(runtime: &Runtime) -> Vec<prometheus::IntCounter> {
+    let metrics = runtime.metrics();
+    let values = [
+        metrics.compiles_total(),
+        metrics.cache_hits_total(),
+        metrics.cache_misses_total(),
+    ];
+    COMPILE_COUNTERS
+        .iter()
+        .zip(values)
+        .map(|((name, help), value)| {
+            let counter = prometheus::IntCounter::new(*name, *help).expect("valid counter");
+            counter.inc_by(value);
+            counter
+        })
+        .collect()
 }
 
 /// 1 for each module the grants file names that the modules directory lacks.
@@ -138,6 +184,8 @@ pub struct Metrics {
     pub module_waiting: IntGaugeVec,
     /// 1 while this process holds the leader lease.
     pub leader: IntGauge,
+    /// Claims and volumes given up on past their failure threshold, by queue.
+    pub given_up: IntCounterVec,
 }
 
 impl Metrics {
@@ -243,6 +291,18 @@ impl Metrics {
                 &["module", "queue"],
             ),
             leader,
+            given_up: {
+                let given_up = counter(
+                    "wasm_provisioner_given_up_total",
+                    "Claims (volumes) given up on after --failed-provision-threshold (--failed-delete-threshold) failed attempts, by queue",
+                    &["queue"],
+                );
+                // Both series exist from the start, so alerts see them go from 0.
+                for queue in ["claims", "volumes"] {
+                    given_up.with_label_values(&[queue]);
+                }
+                given_up
+            },
             registry,
         }
     }
@@ -307,6 +367,22 @@ mod tests {
             "controller_persistentvolume_delete_total{class=\"fast\"} 1",
             "controller_persistentvolume_delete_failed_total{class=\"fast\"} 1",
             "controller_persistentvolume_delete_duration_seconds_count{class=\"fast\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn compile_counters_are_exported_even_before_any_load() {
+        let metrics = Metrics::new();
+        let runtime =
+            crate::plugin::Runtime::new(crate::plugin::RuntimeConfig::default()).expect("runtime");
+        metrics.register_runtime(runtime);
+        let text = metrics.render();
+        for line in [
+            "wasm_provisioner_module_compiles_total 0",
+            "wasm_provisioner_compile_cache_hits_total 0",
+            "wasm_provisioner_compile_cache_misses_total 0",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

@@ -7,10 +7,15 @@
 //! - [`host`]: the `wasm-provisioner` binary as a child process.
 //! - [`kubeconfig`]: kubeconfig files that carry a ServiceAccount's token.
 //! - [`fixture`]: one end-to-end scenario (namespace, provisioner name, modules, grants).
+//! - [`install`]: the install artefacts of `deploy/`: pinned tools, the chart, the
+//!   kustomize base, the image tarball, server-side apply.
+//! - [`kubelet`]: a rendered Deployment run from the image as kubelet would run it.
 
 pub mod access;
 pub mod cluster;
 pub mod fixture;
 pub mod guests;
 pub mod host;
+pub mod install;
 pub mod kubeconfig;
+pub mod kubelet;

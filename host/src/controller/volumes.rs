@@ -350,6 +350,7 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>)
             let resync = ctx.settings.resync_period;
             // Told once; later failures (one per resync period) only count.
             if first {
+                ctx.metrics.given_up.with_label_values(&["volumes"]).inc();
                 let message = format!(
                     "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept and its deletion retried once every {} (--resync-period); fix the cause, or delete the backend volume manually",
                     humantime::format_duration(resync)

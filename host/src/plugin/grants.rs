@@ -791,10 +791,7 @@ modules:
 
     #[test]
     fn the_deployed_grants_file_is_valid_and_grants_what_the_example_classes_publish() {
-        let config_map: serde_yaml::Value =
-            serde_yaml::from_str(include_str!("../../../deploy/grants.yaml")).unwrap();
-        let text = config_map["data"]["grants.yaml"].as_str().unwrap();
-        let grants = parse(text).unwrap();
+        let grants = parse(include_str!("../../../deploy/grants/grants.yaml")).unwrap();
         let hostpath = grants.for_module("hostpath").volumes;
         assert_eq!(
             hostpath.host_path[0].path_prefix,

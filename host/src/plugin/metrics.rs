@@ -1,6 +1,6 @@
 //! Counters of the plugin runtime: loads, refusals, removals and call outcomes, per
-//! module, plus compiles and cache hits. Plain counters for now; the metrics endpoint
-//! reads them through [`Metrics::snapshot`].
+//! module, plus compiles and compile-cache hits and misses. Plain counters; the metrics
+//! endpoint reads them at each scrape.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -29,6 +29,7 @@ pub struct ModuleCounters {
 pub struct Metrics {
     compiles_total: AtomicU64,
     cache_hits_total: AtomicU64,
+    cache_misses_total: AtomicU64,
     modules: Mutex<BTreeMap<String, ModuleCounters>>,
     /// Modules the grants file names that the last scan found no file for.
     grants_without_module: Mutex<Vec<String>>,
@@ -45,6 +46,12 @@ impl Metrics {
         self.cache_hits_total.load(Ordering::Relaxed)
     }
 
+    /// Loads that found no usable entry in the precompiled cache (none, or one refused)
+    /// and compiled; always 0 without `--cache-dir`.
+    pub fn cache_misses_total(&self) -> u64 {
+        self.cache_misses_total.load(Ordering::Relaxed)
+    }
+
     /// The counters of one module (zero when never seen).
     pub fn module(&self, name: &str) -> ModuleCounters {
         self.lock().get(name).cloned().unwrap_or_default()
@@ -55,13 +62,17 @@ impl Metrics {
         self.lock().clone()
     }
 
-    pub(crate) fn record_compile(&self, cache_hit: bool) {
-        let counter = if cache_hit {
-            &self.cache_hits_total
-        } else {
-            &self.compiles_total
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+    /// One component load: from the cache (`cache_hit`), or compiled, which is a cache
+    /// miss when a cache is configured (`cached`).
+    pub(crate) fn record_compile(&self, cache_hit: bool, cached: bool) {
+        if cache_hit {
+            self.cache_hits_total.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.compiles_total.fetch_add(1, Ordering::Relaxed);
+        if cached {
+            self.cache_misses_total.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Modules the grants file names but the modules directory lacked at the last scan

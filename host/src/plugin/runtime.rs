@@ -386,6 +386,7 @@ impl Runtime {
             .map_err(|e| compile_error(e.to_string()))?;
         let engine = self.inner.engine.clone();
         let cache = self.inner.cache.clone();
+        let cached = cache.is_some();
         let digest = sha256.to_string();
         let (component, outcome) = tokio::task::spawn_blocking(move || match cache {
             Some(cache) => cache.load_or_compile(&engine, &bytes, &digest),
@@ -396,7 +397,7 @@ impl Runtime {
         .map_err(|e| compile_error(format!("{e:#}")))?;
         self.inner
             .metrics
-            .record_compile(outcome == CompileOutcome::CacheHit);
+            .record_compile(outcome == CompileOutcome::CacheHit, cached);
         Ok(component)
     }
 

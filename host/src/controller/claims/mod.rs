@@ -292,6 +292,7 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
                 let resync = ctx.settings.resync_period;
                 ctx.claim_retries.hold(&key, print, resync);
                 if first {
+                    ctx.metrics.given_up.with_label_values(&["claims"]).inc();
                     let message = format!(
                         "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {} (--resync-period), or at once when the claim is edited",
                         humantime::format_duration(resync)

@@ -1,0 +1,50 @@
+{{/* The release's full name: names every object of the release. */}}
+{{- define "wasm-provisioner.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "wasm-provisioner.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "wasm-provisioner.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "wasm-provisioner.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "wasm-provisioner.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "wasm-provisioner.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "wasm-provisioner.serviceAccountName" -}}
+{{- default (include "wasm-provisioner.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The grants file's text: the grants value, else files/grants.yaml (deploy/grants/grants.yaml). */}}
+{{- define "wasm-provisioner.grants" -}}
+{{- if .Values.grants -}}
+{{- toYaml .Values.grants -}}
+{{- else -}}
+{{- .Files.Get "files/grants.yaml" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "wasm-provisioner.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,871 @@
+//! The production install, proven against the real API server (issue 12): the Helm chart
+//! (`helm lint`, `helm template` with default and non-default values), the kustomize base
+//! and its overlay, every rendered object applied with a server-side dry run, the chart's
+//! RBAC against `deploy/rbac.yaml`, the image tarball's metadata against the Deployment,
+//! and the Deployment run from the image as kubelet would run it (provision, hot reload,
+//! probes) with the dashboard's and alerts' metrics checked on that host's `/metrics`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use sha2::Digest as _;
+use wasm_provisioner_tests::cluster::{
+    TestContext, admin_client, admin_kubeconfig, random_suffix, repo_root, service_account_token,
+    wait_for,
+};
+use wasm_provisioner_tests::install::{
+    apply, build_image, describe, exposed_names, helm_template, helm_template_command,
+    kustomize_build, metric_names, of_kind, one, prepare_modules, run, run_expecting_failure, tool,
+};
+use wasm_provisioner_tests::kubelet::{Cluster, Pod, PodSpec};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The CustomResourceDefinitions of the prometheus-operator kinds the chart can render,
+/// created (schema-less) when the cluster lacks them, so the server can still check the
+/// objects' group, version, kind, scope and metadata.
+async fn ensure_monitoring_crds(client: &Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (plural, kind) in [
+        ("servicemonitors", "ServiceMonitor"),
+        ("prometheusrules", "PrometheusRule"),
+    ] {
+        let name = format!("{plural}.monitoring.coreos.com");
+        if crds.get_opt(&name).await?.is_some() {
+            continue;
+        }
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": { "name": name },
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": { "plural": plural, "kind": kind, "singular": kind.to_lowercase() },
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "schema": { "openAPIV3Schema": {
+                        "type": "object", "x-kubernetes-preserve-unknown-fields": true
+                    } }
+                }]
+            }
+        }))?;
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(error.into()),
+        }
+        wait_for(&format!("CRD {name} established"), WAIT, || async {
+            let crd = crds.get(&name).await?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Creates the Namespaces the objects live in (for real: a dry run creates nothing, and
+/// namespaced objects need their namespace), then applies every object with a
+/// server-side dry run. Returns the objects as the server would store them, and the
+/// namespaces it created (for the caller to delete; existing ones are left alone).
+async fn dry_run_all(
+    client: &Client,
+    objects: &[Value],
+) -> anyhow::Result<(Vec<Value>, Vec<String>)> {
+    ensure_monitoring_crds(client).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let wanted: BTreeSet<String> = objects
+        .iter()
+        .filter_map(|o| o["metadata"]["namespace"].as_str().map(String::from))
+        .chain(
+            of_kind(objects, "Namespace")
+                .iter()
+                .filter_map(|o| o["metadata"]["name"].as_str().map(String::from)),
+        )
+        .collect();
+    let mut created = Vec::new();
+    for namespace in wanted {
+        if namespaces.get_opt(&namespace).await?.is_none() {
+            let object = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(namespace.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            namespaces.create(&PostParams::default(), &object).await?;
+            created.push(namespace);
+        }
+    }
+    let mut applied = Vec::new();
+    for object in objects {
+        applied.push(apply(client, object, true).await?);
+    }
+    Ok((applied, created))
+}
+
+/// Values files that exercise what the defaults do not.
+fn non_default_values(dir: &Path) -> anyhow::Result<Vec<(String, std::path::PathBuf)>> {
+    let sets = [
+        (
+            "existing ConfigMap, one replica without leader election, custom grants and classes, monitoring",
+            json!({
+                "provisionerName": "example.com/fast",
+                "replicaCount": 1,
+                "leaderElection": { "enabled": false },
+                "modules": { "source": "configMap", "configMap": { "name": "my-modules" } },
+                "grants": { "allow": { "directories": ["/srv/volumes"] },
+                            "modules": { "mine": { "directories": [
+                                { "host": "/srv/volumes/mine", "guest": "/volumes", "mode": "read-write" }] } } },
+                "dataDir": { "path": "/srv/volumes" },
+                "storageClasses": [{ "name": "fast", "module": "mine", "default": true,
+                    "moduleSHA256": "0".repeat(64),
+                    "allowedTopologies": [{ "matchLabelExpressions": [
+                        { "key": "kubernetes.io/hostname", "values": ["node-1"] }] }],
+                    "parameters": { "size": "10" } }],
+                "metrics": { "serviceMonitor": { "enabled": true, "labels": { "release": "prom" } },
+                             "prometheusRule": { "enabled": true } },
+                "image": { "repository": "registry.example.com/wasm-provisioner", "digest":
+                    format!("sha256:{}", "a".repeat(64)) },
+                "extraArgs": ["--failed-provision-threshold=30"],
+                "extraEnv": [{ "name": "WASM_PROVISIONER_LOG", "value": "debug" }],
+                "resources": { "requests": { "cpu": "1", "memory": "1Gi" } },
+                "nodeSelector": { "kubernetes.io/os": "linux" },
+                "tolerations": [{ "key": "storage", "operator": "Exists" }],
+            }),
+        ),
+        (
+            "modules from an init container",
+            json!({
+                "modules": { "source": "initContainer",
+                             "initContainer": { "image": "registry.example.com/modules:1" } },
+                "podDisruptionBudget": { "enabled": false },
+                "metrics": { "service": { "enabled": false } },
+                "dataDir": { "enabled": false },
+                "storageClasses": [],
+            }),
+        ),
+        (
+            "modules from an image volume",
+            json!({
+                "modules": { "source": "image",
+                             "image": { "reference": "registry.example.com/modules:1", "subPath": "modules" } },
+            }),
+        ),
+    ];
+    let mut files = Vec::new();
+    for (index, (what, values)) in sets.into_iter().enumerate() {
+        let path = dir.join(format!("values-{index}.yaml"));
+        std::fs::write(&path, serde_yaml::to_string(&values)?)?;
+        files.push((what.to_string(), path));
+    }
+    Ok(files)
+}
+
+#[test]
+fn helm_lint_passes_with_default_and_non_default_values() {
+    prepare_modules();
+    let helm = tool("helm");
+    let chart = repo_root().join("deploy/helm/wasm-provisioner");
+    run(std::process::Command::new(&helm)
+        .arg("lint")
+        .arg("--strict")
+        .arg(&chart))
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let dir = tempfile::tempdir().unwrap();
+    for (what, values) in non_default_values(dir.path()).unwrap() {
+        run(std::process::Command::new(&helm)
+            .arg("lint")
+            .arg("--strict")
+            .arg(&chart)
+            .arg("-f")
+            .arg(&values))
+        .unwrap_or_else(|e| panic!("helm lint with {what}: {e:#}"));
+    }
+}
+
+#[tokio::test]
+async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
+    prepare_modules();
+    let ctx = TestContext::new("chart-dry-run")
+        .await
+        .expect("a namespace");
+    let release = format!("wp-{}", random_suffix());
+    let dir = tempfile::tempdir().unwrap();
+    let mut renders = vec![("default values".to_string(), vec![])];
+    for (what, path) in non_default_values(dir.path()).unwrap() {
+        renders.push((what, vec!["-f".to_string(), path.display().to_string()]));
+    }
+    for (what, args) in renders {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let objects = helm_template(&release, &ctx.namespace, &args)
+            .unwrap_or_else(|e| panic!("helm template with {what}: {e:#}"));
+        let (applied, _) = dry_run_all(&ctx.client, &objects)
+            .await
+            .unwrap_or_else(|e| panic!("with {what}: {e:#}"));
+        // The server kept what it was given: nothing dropped as unknown (an image volume
+        // behind a disabled feature gate would be).
+        let deployment = applied
+            .iter()
+            .find(|o| o["kind"] == "Deployment")
+            .expect("a Deployment");
+        let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .expect("volumes");
+        let modules = volumes
+            .iter()
+            .find(|v| v["name"] == "modules")
+            .expect("a modules volume");
+        assert!(
+            ["configMap", "image", "emptyDir"]
+                .iter()
+                .any(|k| modules.get(*k).is_some()),
+            "with {what}: the server stored a modules volume without a source: {modules}"
+        );
+        eprintln!(
+            "helm template with {what}: {} objects accepted by a server-side dry run: {}",
+            objects.len(),
+            objects.iter().map(describe).collect::<Vec<_>>().join(", ")
+        );
+    }
+    ctx.cleanup().await;
+}
+
+#[test]
+fn bad_chart_values_fail_with_a_clear_message() {
+    prepare_modules();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--set", "modules.source=git"],
+            "modules.source must be files, configMap, image or initContainer",
+        ),
+        (
+            &["--set", "modules.source=configMap"],
+            "set modules.configMap.name",
+        ),
+        (
+            &["--set", "modules.source=image"],
+            "set modules.image.reference",
+        ),
+        (
+            &["--set", "leaderElection.enabled=false"],
+            "replicaCount > 1 needs leaderElection.enabled",
+        ),
+        (
+            &["--set", "storageClasses[0].name=x"],
+            "class \"x\" has no module",
+        ),
+    ];
+    for (args, expected) in cases {
+        let stderr = run_expecting_failure(&mut helm_template_command("wp", "default", args))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            stderr.contains(expected),
+            "helm template {args:?}: expected {expected:?} in:\n{stderr}"
+        );
+    }
+}
+
+/// The kind, name, namespace and content of an RBAC object, without labels.
+fn rbac_essence(object: &Value) -> Value {
+    let mut essence = json!({
+        "kind": object["kind"],
+        "name": object["metadata"]["name"],
+        "namespace": object["metadata"]["namespace"],
+    });
+    for key in ["rules", "subjects", "roleRef"] {
+        if !object[key].is_null() {
+            essence[key] = object[key].clone();
+        }
+    }
+    essence
+}
+
+#[test]
+fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
+    prepare_modules();
+    // One source of truth: the chart's file is a link to deploy/rbac.yaml.
+    let link = repo_root().join("deploy/helm/wasm-provisioner/files/rbac.yaml");
+    assert_eq!(
+        std::fs::canonicalize(&link).unwrap(),
+        std::fs::canonicalize(repo_root().join("deploy/rbac.yaml")).unwrap(),
+        "{} must be a link to deploy/rbac.yaml",
+        link.display()
+    );
+    let file = std::fs::read_to_string(repo_root().join("deploy/rbac.yaml")).unwrap();
+    let expected: BTreeSet<String> = wasm_provisioner_tests::install::parse_documents(&file)
+        .unwrap()
+        .iter()
+        .map(|o| rbac_essence(o).to_string())
+        .collect();
+    let rendered = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+    let kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let actual: BTreeSet<String> = rendered
+        .iter()
+        .filter(|o| kinds.iter().any(|k| o["kind"] == *k))
+        .map(|o| rbac_essence(o).to_string())
+        .collect();
+    assert_eq!(
+        actual, expected,
+        "the chart's RBAC (release wasm-provisioner in namespace wasm-provisioner) differs from deploy/rbac.yaml"
+    );
+    // Another release and namespace: the same rules, its own names and subjects.
+    let other = helm_template("other", "elsewhere", &[]).unwrap();
+    let binding = one(&other, "ClusterRoleBinding");
+    assert_eq!(binding["subjects"][0]["namespace"], "elsewhere");
+    assert_eq!(binding["roleRef"]["name"], "other-wasm-provisioner");
+    let role = one(&other, "ClusterRole");
+    let original = wasm_provisioner_tests::install::parse_documents(&file).unwrap();
+    assert_eq!(role["rules"], one(&original, "ClusterRole")["rules"]);
+}
+
+#[test]
+fn the_chart_s_default_grants_are_deploy_grants() {
+    prepare_modules();
+    let rendered = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+    let grants = of_kind(&rendered, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == "wasm-provisioner-grants")
+        .expect("the grants ConfigMap");
+    assert_eq!(
+        grants["data"]["grants.yaml"].as_str().unwrap(),
+        std::fs::read_to_string(repo_root().join("deploy/grants/grants.yaml")).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
+    let modules = prepare_modules();
+    let client = admin_client().await.unwrap();
+    let base = kustomize_build("deploy").unwrap_or_else(|e| panic!("{e:#}"));
+    let overlay =
+        kustomize_build("examples/second-provisioner").unwrap_or_else(|e| panic!("{e:#}"));
+
+    // The modules ConfigMap holds the built guests, byte for byte, and keeps its name
+    // (hot reload); the grants ConfigMap is deploy/grants/grants.yaml under a hashed name
+    // the Deployment follows (a change rolls it).
+    let config_maps = of_kind(&base, "ConfigMap");
+    let modules_map = config_maps
+        .iter()
+        .find(|c| c["metadata"]["name"] == "wasm-provisioner-modules")
+        .expect("the modules ConfigMap keeps its name");
+    for module in ["hostpath", "nfs-subdir"] {
+        // kustomize folds the base64 into lines.
+        let folded = modules_map["binaryData"][format!("{module}.wasm")]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {module}.wasm in binaryData"))
+            .split_whitespace()
+            .collect::<String>();
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(Value::String(folded))
+            .unwrap_or_else(|e| panic!("{module}.wasm in binaryData: {e}"));
+        assert_eq!(
+            bytes.0,
+            std::fs::read(modules.join(format!("{module}.wasm"))).unwrap()
+        );
+    }
+    let grants = config_maps
+        .iter()
+        .find(|c| {
+            c["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("wasm-provisioner-grants-")
+        })
+        .expect("the grants ConfigMap, with a hash suffix");
+    assert_eq!(
+        grants["data"]["grants.yaml"].as_str().unwrap(),
+        std::fs::read_to_string(repo_root().join("deploy/grants/grants.yaml")).unwrap()
+    );
+    let deployment = one(&base, "Deployment");
+    let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+    assert!(
+        volumes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["configMap"]["name"] == grants["metadata"]["name"]),
+        "the Deployment mounts the hashed grants ConfigMap: {volumes}"
+    );
+
+    // The overlay: its own namespace, names, provisioner name and subjects.
+    let binding = one(&overlay, "ClusterRoleBinding");
+    assert_eq!(
+        binding["subjects"][0]["namespace"],
+        "wasm-provisioner-second"
+    );
+    assert_eq!(binding["metadata"]["name"], "wasm-provisioner-second");
+    let args = one(&overlay, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(args.contains(&json!("--provisioner-name=second.wasm-provisioner.dev")));
+    for class in of_kind(&overlay, "StorageClass") {
+        assert_eq!(class["provisioner"], "second.wasm-provisioner.dev");
+    }
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for (what, objects) in [("deploy/", &base), ("the overlay", &overlay)] {
+        let result = dry_run_all(&client, objects).await;
+        if let Ok((_, created)) = &result {
+            for namespace in created {
+                let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
+            }
+        }
+        result.unwrap_or_else(|e| panic!("kustomize build {what}: {e:#}"));
+    }
+}
+
+#[test]
+fn the_image_is_what_the_deployment_expects() {
+    prepare_modules();
+    let dir = tempfile::tempdir().unwrap();
+    let image = build_image(&wasm_provisioner_tests::host::binary(), dir.path())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let rendered = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+    let deployment = one(&rendered, "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert!(
+        image
+            .tags
+            .contains(&container["image"].as_str().unwrap().to_string()),
+        "the chart's image {} is not the tarball's {:?}",
+        container["image"],
+        image.tags
+    );
+    assert_eq!(image.config["User"], "65532:65532");
+    assert_eq!(
+        image.config["User"],
+        format!(
+            "{}:{}",
+            pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
+        )
+    );
+    assert_eq!(image.config["Entrypoint"], json!(["/wasm-provisioner"]));
+    assert_eq!(image.config_blob["os"], "linux");
+    assert_eq!(image.config_blob["architecture"], "amd64");
+    let labels = &image.config["Labels"];
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(
+        labels["org.opencontainers.image.source"],
+        "https://github.com/wasm-provisioner/wasm-provisioner"
+    );
+    // deploy/deployment.yaml names the same image.
+    let raw: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/deployment.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        image.tags.contains(
+            &raw["spec"]["template"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        )
+    );
+    eprintln!(
+        "image {:?}: {} bytes",
+        image.tarball,
+        std::fs::metadata(&image.tarball).unwrap().len()
+    );
+}
+
+/// A component with a custom section appended: the same guest, a new version (sha256).
+fn new_version(component: &[u8]) -> Vec<u8> {
+    let name = b"wasm-provisioner-test-version";
+    let payload = random_suffix();
+    let mut section = vec![name.len() as u8];
+    section.extend_from_slice(name);
+    section.extend_from_slice(payload.as_bytes());
+    let mut bytes = component.to_vec();
+    bytes.push(0); // custom section id
+    bytes.push(section.len() as u8); // LEB128 size, < 128
+    bytes.extend_from_slice(&section);
+    bytes
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// The Deployment as kubelet would run it, from the chart rendered with this test's
+/// values (its own provisioner name, class names and metrics port, so runs side by side
+/// never meet; everything else is the default), applied to the API server for real.
+#[tokio::test]
+async fn the_deployment_runs_from_the_image_as_kubelet_would() {
+    prepare_modules();
+    let ctx = TestContext::new("kubelet").await.expect("a namespace");
+    let result = kubelet_scenario(&ctx).await;
+    if let Err(error) = &result {
+        panic!("{error:?}");
+    }
+    ctx.cleanup().await;
+}
+
+async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
+    let client = &ctx.client;
+    let dir = tempfile::Builder::new()
+        .prefix("wasm-provisioner-kubelet-")
+        .tempdir()?;
+    let release = format!("wp-{}", random_suffix());
+    let provisioner = format!("{}.install.wasm-provisioner.dev", ctx.namespace);
+    let hostpath_class = format!("wasm-hostpath-{}", ctx.namespace);
+    let nfs_class = format!("wasm-nfs-subdir-{}", ctx.namespace);
+    let metrics_port = wasm_provisioner_tests::host::free_port();
+    // The chart's default classes, renamed.
+    let defaults: Value = serde_yaml::from_str(&std::fs::read_to_string(
+        repo_root().join("deploy/helm/wasm-provisioner/values.yaml"),
+    )?)?;
+    let mut classes = defaults["storageClasses"].clone();
+    classes[0]["name"] = json!(hostpath_class);
+    classes[1]["name"] = json!(nfs_class);
+    let values = dir.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        serde_yaml::to_string(&json!({
+            "provisionerName": provisioner,
+            "storageClasses": classes,
+            "metricsPort": metrics_port,
+        }))?,
+    )?;
+    let objects = helm_template(&release, &ctx.namespace, &["-f", values.to_str().unwrap()])?;
+    for object in &objects {
+        apply(client, object, false).await?;
+    }
+    let cleanup_cluster_objects = || async {
+        for object in &objects {
+            if object["metadata"]["namespace"].is_null()
+                && let (Some(api_version), Some(kind), Some(name)) = (
+                    object["apiVersion"].as_str(),
+                    object["kind"].as_str(),
+                    object["metadata"]["name"].as_str(),
+                )
+            {
+                let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+                let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+                if let Ok((resource, _)) = kube::discovery::pinned_kind(client, &gvk).await {
+                    let api: Api<kube::api::DynamicObject> =
+                        Api::all_with(client.clone(), &resource);
+                    let _ = api.delete(name, &DeleteParams::default()).await;
+                }
+            }
+        }
+    };
+
+    // The node the hostpath claims select (no kubelet registers one), made before the
+    // host starts so its node cache has it: a selected node the host does not know is
+    // taken for gone and unselected.
+    let node = format!("node-{}", ctx.namespace);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": node, "labels": { "kubernetes.io/hostname": node } },
+            }))?,
+        )
+        .await?;
+
+    let image = build_image(&wasm_provisioner_tests::host::binary(), dir.path())?;
+    let deployment = one(&objects, "Deployment");
+    let account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .context("serviceAccountName")?;
+    let token = service_account_token(client, &ctx.namespace, account).await?;
+    let cluster = Cluster::from_kubeconfig(&admin_kubeconfig())?;
+    let pod_dir = dir.path().join("pod");
+    std::fs::create_dir_all(&pod_dir)?;
+    let mut pod = Pod::start(
+        client,
+        PodSpec {
+            deployment,
+            image: &image,
+            cluster: &cluster,
+            token: &token,
+            dir: &pod_dir,
+            pod_name: &format!("{release}-0"),
+            // README, "Install into a cluster": the data directory and the granted
+            // directories in it (nfs stands in for the mounted NFS export).
+            host_path_subdirs: &["hostpath", "nfs"],
+        },
+    )
+    .await?;
+    let outcome = exercise(ctx, &mut pod, &provisioner, &hostpath_class, &nfs_class).await;
+    if outcome.is_err() {
+        // Keep the files for a look.
+        let kept = dir.keep();
+        eprintln!("kubelet test files kept in {}", kept.display());
+    } else {
+        let status = pod.terminate(Duration::from_secs(30))?;
+        ensure!(
+            status.success(),
+            "SIGTERM should stop the host cleanly, it exited {status}; log:\n{}",
+            pod.log_text()
+        );
+    }
+    cleanup_cluster_objects().await;
+    let _ = nodes.delete(&node, &DeleteParams::default()).await;
+    outcome.with_context(|| format!("the container's log:\n{}", pod.log_text()))
+}
+
+async fn exercise(
+    ctx: &TestContext,
+    pod: &mut Pod,
+    provisioner: &str,
+    hostpath_class: &str,
+    nfs_class: &str,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    pod.wait_probe("livenessProbe", WAIT)?;
+    pod.wait_probe("readinessProbe", WAIT)?;
+    eprintln!(
+        "probes pass on port {} after {:.1}s",
+        pod.probe_port("readinessProbe")?,
+        started.elapsed().as_secs_f64()
+    );
+    let metrics_port = pod.probe_port("readinessProbe")?;
+    let metrics = |pod: &Pod| -> anyhow::Result<String> {
+        let (code, body) = pod.get(metrics_port, "/metrics")?;
+        ensure!(code == 200, "/metrics answered {code}");
+        Ok(body)
+    };
+    wait_for("this host to lead", WAIT, || async {
+        Ok(metrics(pod)?
+            .contains("wasm_provisioner_leader 1")
+            .then_some(()))
+    })
+    .await?;
+
+    // A claim of each class to Bound. hostpath's class waits for a consumer: the test
+    // plays the scheduler and names the node made before the host started.
+    let node = format!("node-{}", ctx.namespace);
+    claims_scenario(ctx, pod, provisioner, hostpath_class, nfs_class, &node).await?;
+
+    // Every metric the dashboard and the alerts use is exported by this host.
+    let exposition = metrics(pod)?;
+    let exposed = exposed_names(&exposition);
+    for file in [
+        "deploy/observability/dashboard.json",
+        "deploy/observability/prometheus-rules.yaml",
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(file))?;
+        let used = metric_names(&text);
+        ensure!(!used.is_empty(), "{file} names no metric");
+        let missing: Vec<_> = used.difference(&exposed).collect();
+        ensure!(
+            missing.is_empty(),
+            "{file} uses metrics the host does not export: {missing:?}\n--- /metrics ---\n{exposition}"
+        );
+        eprintln!("{file}: all {} metrics exported", used.len());
+    }
+    Ok(())
+}
+
+async fn claim(
+    ctx: &TestContext,
+    name: &str,
+    class: &str,
+    node: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut claim = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": name },
+        "spec": { "accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                  "resources": { "requests": { "storage": "1Mi" } } },
+    });
+    if let Some(node) = node {
+        claim["metadata"]["annotations"] = json!({ "volume.kubernetes.io/selected-node": node });
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    claims
+        .create(&PostParams::default(), &serde_json::from_value(claim)?)
+        .await?;
+    Ok(())
+}
+
+async fn wait_bound(ctx: &TestContext, name: &str) -> anyhow::Result<PersistentVolume> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let volume = wait_for(&format!("claim {name} Bound"), WAIT, || async {
+        let claim = claims.get(name).await?;
+        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        Ok(bound
+            .then(|| claim.spec.and_then(|s| s.volume_name))
+            .flatten())
+    })
+    .await?;
+    Ok(Api::<PersistentVolume>::all(ctx.client.clone())
+        .get(&volume)
+        .await?)
+}
+
+fn metric_value(exposition: &str, sample: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(sample)?.trim().parse().ok())
+}
+
+async fn claims_scenario(
+    ctx: &TestContext,
+    pod: &mut Pod,
+    provisioner: &str,
+    hostpath_class: &str,
+    nfs_class: &str,
+    node: &str,
+) -> anyhow::Result<()> {
+    let client = &ctx.client;
+    let metrics_port = pod.probe_port("readinessProbe")?;
+    let metrics =
+        |pod: &Pod| -> anyhow::Result<String> { Ok(pod.get(metrics_port, "/metrics")?.1) };
+
+    claim(ctx, "hostpath-1", hostpath_class, Some(node)).await?;
+    claim(ctx, "nfs-1", nfs_class, None).await?;
+    let hostpath_volume = wait_bound(ctx, "hostpath-1").await?;
+    let nfs_volume = wait_bound(ctx, "nfs-1").await?;
+    // The backend work happened in the hostPath volume, as the host's user.
+    let data = &pod.volumes.get("data").context("a data volume")?.dir;
+    let made = data.join("hostpath").join(hostpath_volume.name_any());
+    ensure!(made.is_dir(), "{} was not made", made.display());
+    use std::os::unix::fs::MetadataExt as _;
+    ensure!(
+        std::fs::metadata(&made)?.uid() == 65532,
+        "{} is not 65532's",
+        made.display()
+    );
+    let annotation =
+        |pv: &PersistentVolume, key: &str| pv.annotations().get(key).cloned().unwrap_or_default();
+    let modules_dir = &pod.volumes.get("modules").context("a modules volume")?.dir;
+    let hostpath_v1 = std::fs::read(modules_dir.join("hostpath.wasm"))?;
+    ensure!(
+        annotation(&hostpath_volume, "wasm-provisioner.dev/module-sha256")
+            == sha256_hex(&hostpath_v1),
+        "the first hostpath PV was not made by the ConfigMap's version"
+    );
+    ensure!(annotation(&nfs_volume, "pv.kubernetes.io/provisioned-by") == provisioner);
+
+    // Update the modules ConfigMap: a new hostpath version, nfs-subdir removed, a broken
+    // module added. Then kubelet's re-projection (a new timestamped directory and an
+    // atomic `..data` swap).
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ctx.namespace);
+    let map_name = pod.volumes["modules"]
+        .config_map
+        .clone()
+        .context("modules is a ConfigMap")?;
+    let mut map = maps.get(&map_name).await?;
+    let hostpath_v2 = new_version(&hostpath_v1);
+    let binary = map.binary_data.get_or_insert_default();
+    binary.insert(
+        "hostpath.wasm".into(),
+        k8s_openapi::ByteString(hostpath_v2.clone()),
+    );
+    binary.remove("nfs-subdir.wasm");
+    binary.insert(
+        "broken.wasm".into(),
+        k8s_openapi::ByteString(b"\0asm not a component".to_vec()),
+    );
+    map.metadata.managed_fields = None;
+    maps.replace(&map_name, &PostParams::default(), &map)
+        .await?;
+    let before: Vec<_> = std::fs::read_dir(modules_dir)?
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    pod.resync_config_map(client, "modules").await?;
+    let after: Vec<_> = std::fs::read_dir(modules_dir)?
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    eprintln!("modules volume before the update: {before:?}; after: {after:?}");
+    wait_for(
+        "the new hostpath version, the refusal and the removal",
+        WAIT,
+        || async {
+            let text = metrics(pod)?;
+            let done = metric_value(
+                &text,
+                "wasm_provisioner_module_reloads_total{module=\"hostpath\"}",
+            ) == Some(2.0)
+                && metric_value(
+                    &text,
+                    "wasm_provisioner_module_refusals_total{module=\"broken\"}",
+                ) == Some(1.0)
+                && metric_value(
+                    &text,
+                    "wasm_provisioner_module_removals_total{module=\"nfs-subdir\"}",
+                ) == Some(1.0);
+            Ok(done.then_some(()))
+        },
+    )
+    .await?;
+    claim(ctx, "hostpath-2", hostpath_class, Some(node)).await?;
+    let second = wait_bound(ctx, "hostpath-2").await?;
+    ensure!(
+        annotation(&second, "wasm-provisioner.dev/module-sha256") == sha256_hex(&hostpath_v2),
+        "the claim after the update was not served by the new version"
+    );
+    eprintln!(
+        "after the ConfigMap update the new hostpath version {} serves",
+        &sha256_hex(&hostpath_v2)[..12]
+    );
+
+    // A failing class (a parameter the module refuses) and a delete, so the failure and
+    // delete metrics exist too.
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let failing = format!("failing-{}", ctx.namespace);
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": { "name": failing }, "provisioner": provisioner,
+                "parameters": { "module": "hostpath", "nodePath": "/var/lib/wasm-provisioner/hostpath",
+                                "noSuchParameter": "x" },
+            }))?,
+        )
+        .await?;
+    claim(ctx, "failing-1", &failing, None).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ctx.namespace);
+    claims
+        .delete("hostpath-1", &DeleteParams::default())
+        .await?;
+    let outcome = wait_for("a failed attempt and a delete counted", WAIT, || async {
+        let text = metrics(pod)?;
+        let failed = text.contains(&format!(
+            "controller_persistentvolumeclaim_provision_failed_total{{class=\"{failing}\""
+        ));
+        let deleted = text.contains(&format!(
+            "controller_persistentvolume_delete_total{{class=\"{hostpath_class}\"}} 1"
+        ));
+        Ok((failed && deleted).then_some(()))
+    })
+    .await;
+    let _ = classes.delete(&failing, &DeleteParams::default()).await;
+    outcome?;
+    ensure!(
+        !made.exists(),
+        "{} was not deleted with its claim",
+        made.display()
+    );
+    Ok(())
+}
