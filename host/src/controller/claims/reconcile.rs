@@ -102,7 +102,7 @@ pub async fn reconcile(
     // that node, so the module is asked again with the node's name, and only its final
     // answer (a "reschedule", a failure) sends the claim back to the scheduler.
     let node = match view.selected_node() {
-        Some(name) => match ctx.node(name) {
+        Some(name) => match node_cached_or_live(&ctx, &claim, name).await? {
             Some(node) => Some(node),
             None if view.has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) => {
                 info!(claim = %view.key(), node = name, "the selected node is gone, but provisioning is under way; asking the module before rescheduling");
@@ -233,6 +233,24 @@ pub(super) async fn resolve_module(
         claim: ClaimView(claim).key(),
         message,
     })
+}
+
+/// The selected node from the cache; a miss is confirmed with a live read before the
+/// node counts as gone (a node created a moment ago may not be in the cache yet, and
+/// rescheduling is not undone).
+async fn node_cached_or_live(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    name: &str,
+) -> Result<Option<Arc<k8s_openapi::api::core::v1::Node>>, Error> {
+    if let Some(node) = ctx.node(name) {
+        return Ok(Some(node));
+    }
+    Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone())
+        .get_opt(name)
+        .await
+        .map(|node| node.map(Arc::new))
+        .map_err(|e| Error::api(claim, e))
 }
 
 /// A node that is gone, as far as a provision request can tell: its name only.
