@@ -6,9 +6,11 @@
 //! - [`host`]: the `wasm-provisioner` binary as a child process.
 //! - [`kubeconfig`]: kubeconfig files that carry a ServiceAccount's token.
 //! - [`fixture`]: one end-to-end scenario (namespace, provisioner name, modules, grants).
+//! - [`load`]: the load benchmark's figures, table and plot (`src/bin/load.rs`).
 
 pub mod cluster;
 pub mod fixture;
 pub mod guests;
 pub mod host;
 pub mod kubeconfig;
+pub mod load;
