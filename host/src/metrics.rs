@@ -224,6 +224,10 @@ impl Metrics {
         registry
             .register(Box::new(leader.clone()))
             .expect("unique gauge");
+        // The client's request counter is process-wide (one client per process).
+        registry
+            .register(Box::new(crate::client::KUBE_API_REQUESTS.clone()))
+            .expect("unique counter");
 
         Self {
             provision_total: counter(

@@ -23,10 +23,10 @@ use crate::plugin::{DirectoryWatcher, Grants, Runtime, RuntimeConfig};
 use crate::server::{self, Health};
 
 /// Defaults, named once; the README lists them.
-pub const DEFAULT_THREADS: u16 = 4;
+pub const DEFAULT_THREADS: u16 = 8;
 pub const DEFAULT_RESYNC: &str = "15m";
-pub const DEFAULT_KUBE_API_QPS: u32 = 5;
-pub const DEFAULT_KUBE_API_BURST: u32 = 10;
+pub const DEFAULT_KUBE_API_QPS: u32 = 200;
+pub const DEFAULT_KUBE_API_BURST: u32 = 300;
 pub const DEFAULT_PV_SAVE_RETRIES: u32 = 5;
 pub const DEFAULT_PV_SAVE_INTERVAL: &str = "10s";
 

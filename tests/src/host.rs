@@ -116,6 +116,11 @@ impl Host {
         })
     }
 
+    /// The process id (for its CPU time and memory in `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The host's log so far (for assertion messages).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -172,11 +177,6 @@ impl Host {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status()?;
         self.wait(timeout)
-    }
-
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
     }
 
     /// The exit status, if the host has exited.

@@ -10,6 +10,7 @@
 //! - [`install`]: the install artefacts of `deploy/`: pinned tools, the chart, the
 //!   kustomize base, the image tarball, server-side apply.
 //! - [`kubelet`]: a rendered Deployment run from the image as kubelet would run it.
+//! - [`load`]: the load benchmark's figures, table and plot (`src/bin/load.rs`).
 
 pub mod access;
 pub mod cluster;
@@ -19,3 +20,4 @@ pub mod host;
 pub mod install;
 pub mod kubeconfig;
 pub mod kubelet;
+pub mod load;

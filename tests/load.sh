@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The load benchmark in one command: builds the guests, the host and the control-plane
+# launcher, starts the local control plane (unless KUBECONFIG names a cluster), then for
+# each run creates N claims at once and deletes them, and prints the figures (see the
+# README's "Load benchmark").
+#
+#   bash tests/load.sh [--release] [--claims N] [--runs ceiling,defaults,unthrottled]
+#                      [--threads T] [--concurrency C] [--out DIR]
+#
+# `--release` builds optimised (a second full build of the dependencies the first time);
+# without it the host is the test build (dependencies at opt-level 1, our crates at 0).
+# Exits non-zero when a run did not bind or delete every claim.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasm-provisioner/target}"
+profile=debug
+build=()
+if [ "${1:-}" = "--release" ]; then
+  shift
+  profile=release
+  build=(--release)
+fi
+bash guests/build.sh >/dev/null
+bash tests/controlplane/build.sh >/dev/null
+# The test command's build (same feature set, so it shares every artifact with the tests).
+cargo test -q --workspace --no-run "${build[@]}"
+exec "$CARGO_TARGET_DIR/$profile/load" "$@"

@@ -1,0 +1,637 @@
+//! The load benchmark (`bash tests/load.sh --claims 500`, see the README's "Load
+//! benchmark"): N claims created at once against a real control plane (the embedded local
+//! one, or the cluster `KUBECONFIG` names), for each run: the time until all are Bound and
+//! until all are deleted, claims/s, latencies, the provisioner's own API requests per
+//! volume (its client's counter) and the API server's (`apiserver_request_total`, this
+//! benchmark's own requests removed), the host's CPU and peak RSS, and the guest's share
+//! of the claim-to-volume time.
+//!
+//! Runs: `ceiling` (no provisioner: the benchmark creates each claim's bound PV itself,
+//! with the same concurrency, and deletes it), `defaults` (the host at its defaults),
+//! `unthrottled` (client limits off), `go-defaults` (the Go library's limits: QPS 5,
+//! burst 10, 4 workers) and `QPS/BURST/THREADS` (such as `100/200/8`). Every host run
+//! uses the `hostpath` guest, so each volume is a real directory made and removed.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use wasm_provisioner::run::{DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, DEFAULT_THREADS};
+use wasm_provisioner_tests::cluster::{admin_config, admin_kubeconfig};
+use wasm_provisioner_tests::fixture::Fixture;
+use wasm_provisioner_tests::host::{Host, HostConfig};
+use wasm_provisioner_tests::load::{self, Requests, RunFigures, parse_samples};
+
+#[derive(Debug, Parser)]
+#[command(about = "Provisioning load benchmark against a real control plane")]
+struct Args {
+    /// Claims created at once per run (the issue's sizes: 100, 500, 2000, 5000).
+    #[arg(long, default_value_t = 100)]
+    claims: usize,
+
+    /// Runs, in order: ceiling, defaults, unthrottled, go-defaults, or QPS/BURST/THREADS.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ceiling,defaults,unthrottled"
+    )]
+    runs: Vec<String>,
+
+    /// Workers (`--threads`) of the unthrottled run; default: the host's default.
+    #[arg(long)]
+    threads: Option<u16>,
+
+    /// Requests the benchmark has in flight at once (creates, deletes).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+
+    /// Give up waiting for a phase (all Bound, all deleted) after this many seconds.
+    #[arg(long, default_value_t = 1200)]
+    timeout: u64,
+
+    /// Where the table, the per-request breakdown and the PNG go.
+    #[arg(long, default_value = "load-results")]
+    out: PathBuf,
+}
+
+/// One run to make.
+#[derive(Clone, Debug)]
+struct RunSpec {
+    name: String,
+    /// The host's flags; `None` for the ceiling (no host).
+    host_flags: Option<Vec<String>>,
+    settings: String,
+}
+
+impl RunSpec {
+    fn parse(text: &str, threads: Option<u16>) -> anyhow::Result<RunSpec> {
+        let host = |flags: &[String], settings: String| RunSpec {
+            name: text.to_string(),
+            host_flags: Some(flags.to_vec()),
+            settings,
+        };
+        let limits = |qps: u32, burst: u32, threads: u16| {
+            vec![
+                format!("--kube-api-qps={qps}"),
+                format!("--kube-api-burst={burst}"),
+                format!("--threads={threads}"),
+            ]
+        };
+        Ok(match text {
+            "ceiling" => RunSpec {
+                name: text.into(),
+                host_flags: None,
+                settings: "no provisioner".into(),
+            },
+            "defaults" => host(
+                &[],
+                format!(
+                    "QPS {DEFAULT_KUBE_API_QPS}, burst {DEFAULT_KUBE_API_BURST}, {DEFAULT_THREADS} threads"
+                ),
+            ),
+            "unthrottled" => {
+                let threads = threads.unwrap_or(DEFAULT_THREADS);
+                host(
+                    &limits(100_000, 100_000, threads),
+                    format!("no client limit, {threads} threads"),
+                )
+            }
+            "go-defaults" => host(&limits(5, 10, 4), "QPS 5, burst 10, 4 threads".into()),
+            custom => {
+                let parts: Vec<&str> = custom.split('/').collect();
+                let [qps, burst, threads] = parts.as_slice() else {
+                    bail!(
+                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults or QPS/BURST/THREADS"
+                    );
+                };
+                let (qps, burst, threads) = (qps.parse()?, burst.parse()?, threads.parse()?);
+                host(
+                    &limits(qps, burst, threads),
+                    format!("QPS {qps}, burst {burst}, {threads} threads"),
+                )
+            }
+        })
+    }
+}
+
+/// What the watches saw of one run's claims and volumes.
+#[derive(Default)]
+struct Seen {
+    created: HashMap<String, Instant>,
+    bound: HashMap<String, Instant>,
+    claims_gone: HashMap<String, Instant>,
+    /// PVs whose claimRef is in the run's namespace.
+    volumes: HashSet<String>,
+    volumes_gone: HashMap<String, Instant>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let specs: Vec<RunSpec> = args
+        .runs
+        .iter()
+        .map(|r| RunSpec::parse(r, args.threads))
+        .collect::<anyhow::Result<_>>()?;
+    // Counts this benchmark's own requests, to take them out of the API server's count.
+    let client =
+        wasm_provisioner::client::rate_limited(admin_config().await?, 1_000_000, 1_000_000)?;
+    let version = client.apiserver_version().await?.git_version;
+    let machine = machine();
+    let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    eprintln!(
+        "load benchmark: {} claims per run, runs {:?}; cluster {version} (KUBECONFIG={}); {machine}",
+        args.claims,
+        args.runs,
+        admin_kubeconfig().display()
+    );
+
+    let mut figures = Vec::new();
+    let mut fixtures = Vec::new();
+    for spec in &specs {
+        let mut fixture = Fixture::new(&format!("load-{}", spec.name)).await?;
+        let result = run(&args, spec, &client, &mut fixture).await;
+        fixtures.push(fixture);
+        let run = result.with_context(|| format!("run {}", spec.name))?;
+        eprintln!(
+            "{}: all Bound in {:.2} s ({:.1} claims/s), all deleted in {:.2} s",
+            run.run,
+            run.all_bound_s,
+            run.claims_per_s(),
+            run.all_deleted_s
+        );
+        figures.push(run);
+    }
+    // Namespaces go last: their deletion would count in a later run's API figures.
+    for fixture in fixtures {
+        fixture.cleanup().await;
+    }
+
+    let mut report = format!(
+        "Load benchmark, {date}: {} claims per run; {machine}; Kubernetes {version} (embedded control plane unless KUBECONFIG was set)\n\n",
+        args.claims
+    );
+    report.push_str(&load::table(&figures));
+    for run in &figures {
+        report.push('\n');
+        report.push_str(&load::breakdown(run));
+    }
+    println!("{report}");
+    std::fs::create_dir_all(&args.out)?;
+    let stem = args.out.join(format!("load-{}", args.claims));
+    std::fs::write(stem.with_extension("md"), &report)?;
+    let png = stem.with_extension("png");
+    load::plot(
+        &png,
+        &format!(
+            "{} claims created at once: claims Bound over time ({date})",
+            args.claims
+        ),
+        &figures,
+    )?;
+    eprintln!(
+        "wrote {} and {}",
+        stem.with_extension("md").display(),
+        png.display()
+    );
+    for run in &figures {
+        if run.bound < run.claims || run.deleted < run.claims {
+            bail!(
+                "run {}: {} of {} claims Bound, {} deleted",
+                run.run,
+                run.bound,
+                run.claims,
+                run.deleted
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn run(
+    args: &Args,
+    spec: &RunSpec,
+    client: &Client,
+    fixture: &mut Fixture,
+) -> anyhow::Result<RunFigures> {
+    let namespace = fixture.ctx.namespace.clone();
+    let parameters = [("nodePath", "/srv/load")];
+    // The ceiling's class names this fixture's provisioner too, which no host serves:
+    // the controller-manager treats its claims as it treats the provisioned ones.
+    let class = fixture.class("hostpath", &parameters, json!({})).await?;
+    let host = match &spec.host_flags {
+        Some(flags) => {
+            fixture.install_module("hostpath", "hostpath");
+            let mut host_args: Vec<String> =
+                vec!["--leader-elect=false".into(), "--log=info".into()];
+            host_args.extend(flags.iter().cloned());
+            Some(Host::start(&HostConfig {
+                kubeconfig: admin_kubeconfig(),
+                provisioner_name: fixture.provisioner.clone(),
+                modules: fixture.modules.clone(),
+                grants: Some(fixture.grants.clone()),
+                log_dir: fixture.root.join("logs"),
+                args: host_args,
+            })?)
+        }
+        None => None,
+    };
+    eprintln!(
+        "run {} ({}): namespace {namespace}",
+        spec.name, spec.settings
+    );
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let watches = watch(client, &namespace, seen.clone()).await?;
+
+    let host_before = host.as_ref().map(host_requests).transpose()?;
+    let cpu_before = host.as_ref().and_then(|h| cpu_seconds(h.pid()));
+    let server_before = apiserver_requests(client).await?;
+    let own_before = own_requests();
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let ceiling = host.is_none();
+    let names: Vec<String> = (0..args.claims).map(|i| format!("load-{i:05}")).collect();
+
+    // Create every claim (and, for the ceiling, its bound PV) at once.
+    let started = Instant::now();
+    let progress = progress(&spec.name, args.claims, seen.clone(), started);
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let (claims, volumes, seen, class) =
+                (claims.clone(), volumes.clone(), seen.clone(), class.clone());
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .created
+                    .insert(name.clone(), Instant::now());
+                let claim = claims
+                    .create(&PostParams::default(), &claim(&name, &class)?)
+                    .await?;
+                if ceiling {
+                    volumes
+                        .create(&PostParams::default(), &bound_volume(&claim, &class)?)
+                        .await?;
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .try_collect::<()>()
+        .await?;
+    let timeout = Duration::from_secs(args.timeout);
+    wait(&format!("{}: all claims Bound", spec.name), timeout, || {
+        seen.lock().unwrap().bound.len() >= args.claims
+    })
+    .await;
+
+    // Delete them all at once (the ceiling deletes its PVs itself).
+    let delete_started = Instant::now();
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let (claims, volumes, namespace) = (claims.clone(), volumes.clone(), namespace.clone());
+            async move {
+                claims.delete(&name, &DeleteParams::default()).await?;
+                if ceiling {
+                    let volume = ceiling_volume_name(&namespace, &name);
+                    volumes.delete(&volume, &DeleteParams::default()).await?;
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .try_collect::<()>()
+        .await?;
+    wait(
+        &format!("{}: all claims and PVs deleted", spec.name),
+        timeout,
+        || {
+            let seen = seen.lock().unwrap();
+            seen.claims_gone.len() >= args.claims && seen.volumes_gone.len() >= seen.volumes.len()
+        },
+    )
+    .await;
+    progress.abort();
+    watches.abort();
+
+    let server = apiserver_requests(client)
+        .await?
+        .since(&server_before)
+        .minus(&own_requests().since(&own_before));
+    let mut figures = RunFigures {
+        run: spec.name.clone(),
+        settings: spec.settings.clone(),
+        claims: args.claims,
+        server,
+        ..Default::default()
+    };
+    {
+        let seen = seen.lock().unwrap();
+        let mut bound_at: Vec<f64> = seen
+            .bound
+            .values()
+            .map(|t| t.duration_since(started).as_secs_f64())
+            .collect();
+        bound_at.sort_by(f64::total_cmp);
+        figures.bound = bound_at.len();
+        figures.all_bound_s = bound_at.last().copied().unwrap_or_default();
+        figures.bound_at = bound_at;
+        figures.latencies = seen
+            .bound
+            .iter()
+            .filter_map(|(name, bound)| {
+                Some(bound.duration_since(*seen.created.get(name)?).as_secs_f64())
+            })
+            .collect();
+        // a volume is deleted when both its claim and its PV are gone
+        figures.deleted = seen.claims_gone.len().min(seen.volumes_gone.len());
+        figures.all_deleted_s = seen
+            .claims_gone
+            .values()
+            .chain(seen.volumes_gone.values())
+            .map(|t| t.saturating_duration_since(delete_started).as_secs_f64())
+            .fold(0.0, f64::max);
+    }
+    if let Some(mut host) = host {
+        let samples = parse_samples(&host.get("/metrics")?.1);
+        figures.own = Requests::from_client(&samples).since(&host_before.unwrap_or_default());
+        figures.cpu_s = cpu_seconds(host.pid())
+            .zip(cpu_before)
+            .map(|(after, before)| after - before);
+        figures.peak_rss_bytes = peak_rss(host.pid());
+        let guest = load::histogram_sum(
+            &samples,
+            "wasm_provisioner_guest_call_duration_seconds",
+            |labels| {
+                matches!(
+                    labels.get("call").map(String::as_str),
+                    Some("provision" | "should-provision")
+                )
+            },
+        );
+        let end_to_end =
+            load::histogram_sum(&samples, "wasm_provisioner_claim_to_volume_seconds", |_| {
+                true
+            });
+        figures.guest_share = (end_to_end > 0.0).then(|| guest / end_to_end);
+        let status = host.terminate(Duration::from_secs(30))?;
+        if !status.success() {
+            eprintln!("{}: the host exited with {status}", spec.name);
+        }
+    } else {
+        // The ceiling's "provisioner" is this benchmark's PV requests: 1 create and 1
+        // delete per volume.
+        let mut own = own_requests().since(&own_before);
+        own.0
+            .retain(|(_, resource, _), _| resource == "persistentvolumes");
+        figures.own = own;
+    }
+    Ok(figures)
+}
+
+/// The name of the ceiling's PV for claim `name`.
+fn ceiling_volume_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}-{name}")
+}
+
+fn claim(name: &str, class: &str) -> anyhow::Result<PersistentVolumeClaim> {
+    Ok(serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": class,
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    }))?)
+}
+
+/// The ceiling's PV: bound to `claim` by claimRef (uid included), as a provisioner would
+/// create it; Retain, since no provisioner deletes it (the benchmark does).
+fn bound_volume(claim: &PersistentVolumeClaim, class: &str) -> anyhow::Result<PersistentVolume> {
+    let name = claim.name_any();
+    Ok(serde_json::from_value(json!({
+        "metadata": { "name": ceiling_volume_name(&claim.namespace().unwrap_or_default(), &name) },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "capacity": { "storage": "1Gi" },
+            "storageClassName": class,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": { "path": format!("/srv/load/{name}") },
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": claim.namespace(),
+                "name": name,
+                "uid": claim.uid(),
+            },
+        },
+    }))?)
+}
+
+/// Watches the run's claims and the PVs bound to them, recording when each claim is
+/// Bound and when each claim and PV is gone. Returns once both watches listed.
+async fn watch(
+    client: &Client,
+    namespace: &str,
+    seen: Arc<Mutex<Seen>>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(2);
+    let namespace = namespace.to_string();
+    let claims_seen = seen.clone();
+    let claims_ready = ready_tx.clone();
+    let claim_watch = async move {
+        let mut stream = watcher(claims, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let now = Instant::now();
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    let _ = claims_ready.send(()).await;
+                }
+                Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) => {
+                    let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+                    if phase == Some("Bound") {
+                        claims_seen
+                            .lock()
+                            .unwrap()
+                            .bound
+                            .entry(claim.name_any())
+                            .or_insert(now);
+                    }
+                }
+                Ok(watcher::Event::Delete(claim)) => {
+                    claims_seen
+                        .lock()
+                        .unwrap()
+                        .claims_gone
+                        .entry(claim.name_any())
+                        .or_insert(now);
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(error) => eprintln!("claim watch: {error}"),
+            }
+        }
+    };
+    let volume_watch = async move {
+        let mut stream = watcher(volumes, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let now = Instant::now();
+            let ours = |volume: &PersistentVolume| {
+                volume
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .and_then(|r| r.namespace.as_deref())
+                    == Some(namespace.as_str())
+            };
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    let _ = ready_tx.send(()).await;
+                }
+                Ok(watcher::Event::Apply(volume) | watcher::Event::InitApply(volume)) => {
+                    if ours(&volume) {
+                        seen.lock().unwrap().volumes.insert(volume.name_any());
+                    }
+                }
+                Ok(watcher::Event::Delete(volume)) => {
+                    if ours(&volume) {
+                        let mut seen = seen.lock().unwrap();
+                        seen.volumes.insert(volume.name_any());
+                        seen.volumes_gone.entry(volume.name_any()).or_insert(now);
+                    }
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(error) => eprintln!("volume watch: {error}"),
+            }
+        }
+    };
+    let handle = tokio::spawn(async move {
+        tokio::join!(claim_watch, volume_watch);
+    });
+    for _ in 0..2 {
+        tokio::time::timeout(Duration::from_secs(60), ready_rx.recv())
+            .await
+            .context("the watches did not list within 60 s")?;
+    }
+    Ok(handle)
+}
+
+/// Prints the progress every 5 s until aborted.
+fn progress(
+    run: &str,
+    claims: usize,
+    seen: Arc<Mutex<Seen>>,
+    started: Instant,
+) -> tokio::task::JoinHandle<()> {
+    let run = run.to_string();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let seen = seen.lock().unwrap();
+            eprintln!(
+                "  {run} {:>6.1} s: created {}/{claims}, Bound {}/{claims}, claims deleted {}/{claims}, PVs deleted {}/{}",
+                started.elapsed().as_secs_f64(),
+                seen.created.len(),
+                seen.bound.len(),
+                seen.claims_gone.len(),
+                seen.volumes_gone.len(),
+                seen.volumes.len(),
+            );
+        }
+    })
+}
+
+/// Waits until `done`, or `timeout` (then says so and goes on: the figures show it).
+async fn wait(what: &str, timeout: Duration, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        if Instant::now() >= deadline {
+            eprintln!("{what}: gave up after {timeout:?}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The API server's own request counter.
+async fn apiserver_requests(client: &Client) -> anyhow::Result<Requests> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("scraping the API server's /metrics")?;
+    Ok(Requests::from_apiserver(&parse_samples(&text)))
+}
+
+/// This process's own requests so far.
+fn own_requests() -> Requests {
+    let text = wasm_provisioner::metrics::Metrics::new().render();
+    Requests::from_client(&parse_samples(&text))
+}
+
+/// The host's own requests so far.
+fn host_requests(host: &Host) -> anyhow::Result<Requests> {
+    Ok(Requests::from_client(&parse_samples(
+        &host.get("/metrics")?.1,
+    )))
+}
+
+/// User plus system CPU seconds of process `pid`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // fields after the command (which may hold spaces), from field 3 on
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    let ticks: f64 = command_output("getconf", &["CLK_TCK"])
+        .parse()
+        .unwrap_or(100.0);
+    Some((utime + stime) / ticks)
+}
+
+/// The peak resident set size (VmHWM) of process `pid`.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map(|kib| kib / (1024.0 * 1024.0))
+        .unwrap_or_default();
+    format!("machine: {cores} cores, {memory_gib:.0} GiB")
+}
+
+fn command_output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,562 @@
+//! The load benchmark's arithmetic and output (`tests/src/bin/load.rs` runs it): the
+//! Prometheus text format of the API server and the host, request counts by verb and
+//! resource, percentiles, the figures table and the bound-claims-over-time plot.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One sample of a Prometheus text exposition: name, labels, value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Every sample of a text exposition (comments and malformed lines skipped).
+pub fn parse_samples(text: &str) -> Vec<Sample> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Sample> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let (name, labels, rest) = match line.find('{') {
+        Some(open) => {
+            let name = &line[..open];
+            let (labels, after) = parse_labels(&line[open + 1..])?;
+            (name, labels, after)
+        }
+        None => {
+            let (name, rest) = line.split_once(' ')?;
+            (name, BTreeMap::new(), rest)
+        }
+    };
+    // a value, then an optional timestamp
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    Some(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
+}
+
+/// `a="x",b="y"} rest` into the labels and `rest`.
+fn parse_labels(mut text: &str) -> Option<(BTreeMap<String, String>, &str)> {
+    let mut labels = BTreeMap::new();
+    loop {
+        text = text.trim_start_matches([',', ' ']);
+        if let Some(rest) = text.strip_prefix('}') {
+            return Some((labels, rest));
+        }
+        let (key, after) = text.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            let (index, c) = chars.next()?;
+            match c {
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                '"' => break index,
+                c => value.push(c),
+            }
+        };
+        labels.insert(key.trim().to_string(), value);
+        text = &after[end + 1..];
+    }
+}
+
+/// A request kind: Kubernetes verb (get, list, create, update, patch, delete, ...) and
+/// resource (`resource` or `resource/subresource`).
+pub type Kind = (String, String);
+
+/// Requests by kind and status code.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Requests(pub BTreeMap<(String, String, String), f64>);
+
+impl Requests {
+    /// The host's (or this benchmark's) own counter,
+    /// `wasm_provisioner_kube_api_requests_total{verb,resource,code}`.
+    pub fn from_client(samples: &[Sample]) -> Requests {
+        Self::collect(
+            samples,
+            "wasm_provisioner_kube_api_requests_total",
+            |labels| {
+                Some((
+                    labels.get("verb")?.clone(),
+                    labels.get("resource")?.clone(),
+                    labels.get("code")?.clone(),
+                ))
+            },
+        )
+    }
+
+    /// The API server's `apiserver_request_total{verb,resource,subresource,code}`, its
+    /// verbs (`POST`, `LIST`, ...) in the client's words (`create`, `list`, ...).
+    pub fn from_apiserver(samples: &[Sample]) -> Requests {
+        Self::collect(samples, "apiserver_request_total", |labels| {
+            let verb = match labels.get("verb")?.as_str() {
+                "POST" => "create",
+                "GET" => "get",
+                "LIST" => "list",
+                "WATCH" | "WATCHLIST" => "watch",
+                "PUT" => "update",
+                "PATCH" => "patch",
+                "APPLY" => "apply",
+                "DELETE" => "delete",
+                "DELETECOLLECTION" => "deletecollection",
+                other => return Some((other.to_lowercase(), String::new(), String::new())),
+            };
+            let resource = labels.get("resource")?;
+            let resource = match labels.get("subresource").map(String::as_str) {
+                Some("") | None => resource.clone(),
+                Some(sub) => format!("{resource}/{sub}"),
+            };
+            Some((verb.to_string(), resource, labels.get("code")?.clone()))
+        })
+    }
+
+    fn collect(
+        samples: &[Sample],
+        name: &str,
+        key: impl Fn(&BTreeMap<String, String>) -> Option<(String, String, String)>,
+    ) -> Requests {
+        let mut requests = Requests::default();
+        for sample in samples.iter().filter(|s| s.name == name) {
+            if let Some(key) = key(&sample.labels) {
+                *requests.0.entry(key).or_default() += sample.value;
+            }
+        }
+        requests
+    }
+
+    /// `self - earlier`, dropping zeros.
+    pub fn since(&self, earlier: &Requests) -> Requests {
+        let mut delta = Requests::default();
+        for (key, value) in &self.0 {
+            let change = value - earlier.0.get(key).copied().unwrap_or(0.0);
+            if change != 0.0 {
+                delta.0.insert(key.clone(), change);
+            }
+        }
+        delta
+    }
+
+    /// `self - other`, floored at zero per key (another client's share removed).
+    pub fn minus(&self, other: &Requests) -> Requests {
+        let mut rest = Requests::default();
+        for (key, value) in &self.0 {
+            let left = value - other.0.get(key).copied().unwrap_or(0.0);
+            if left > 0.0 {
+                rest.0.insert(key.clone(), left);
+            }
+        }
+        rest
+    }
+
+    /// Requests that are neither watches nor non-resource paths.
+    fn counted(&self) -> impl Iterator<Item = (&(String, String, String), &f64)> {
+        self.0
+            .iter()
+            .filter(|((verb, resource, _), _)| verb != "watch" && !resource.is_empty())
+    }
+
+    /// Writes (create, update, patch, apply, delete, deletecollection).
+    pub fn writes(&self) -> f64 {
+        self.counted()
+            .filter(|((verb, _, _), _)| is_write(verb))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// Reads (get, list; watches are not counted).
+    pub fn reads(&self) -> f64 {
+        self.counted()
+            .filter(|((verb, _, _), _)| !is_write(verb))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// Requests answered 409 Conflict.
+    pub fn conflicts(&self) -> f64 {
+        self.counted()
+            .filter(|((_, _, code), _)| code == "409")
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// All counted requests.
+    pub fn total(&self) -> f64 {
+        self.counted().map(|(_, v)| v).sum()
+    }
+
+    /// Counted requests by kind (codes summed), and the 409s of each kind.
+    pub fn by_kind(&self) -> BTreeMap<Kind, (f64, f64)> {
+        let mut kinds: BTreeMap<Kind, (f64, f64)> = BTreeMap::new();
+        for ((verb, resource, code), value) in self.counted() {
+            let entry = kinds.entry((verb.clone(), resource.clone())).or_default();
+            entry.0 += value;
+            if code == "409" {
+                entry.1 += value;
+            }
+        }
+        kinds
+    }
+}
+
+fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "apply" | "delete" | "deletecollection"
+    )
+}
+
+/// The `q` quantile (0..=1) of `values` (nearest rank), or 0 when empty.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+/// The sum of a histogram's `_sum` samples whose labels pass `keep`.
+pub fn histogram_sum(
+    samples: &[Sample],
+    histogram: &str,
+    keep: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> f64 {
+    let name = format!("{histogram}_sum");
+    samples
+        .iter()
+        .filter(|s| s.name == name && keep(&s.labels))
+        .map(|s| s.value)
+        .sum()
+}
+
+/// What one run measured.
+#[derive(Clone, Debug, Default)]
+pub struct RunFigures {
+    pub run: String,
+    /// Client limits and workers, as given to the host ("-" for the ceiling).
+    pub settings: String,
+    pub claims: usize,
+    pub bound: usize,
+    /// Seconds from the first create to the last claim Bound.
+    pub all_bound_s: f64,
+    /// Each claim's create-to-Bound seconds.
+    pub latencies: Vec<f64>,
+    /// Seconds from the first delete to the last claim and PV gone.
+    pub all_deleted_s: f64,
+    pub deleted: usize,
+    /// The provisioner's own requests (its client's count), the run only.
+    pub own: Requests,
+    /// The API server's count of the run, this benchmark's own requests removed: the
+    /// provisioner's, the controller-manager's.
+    pub server: Requests,
+    pub cpu_s: Option<f64>,
+    pub peak_rss_bytes: Option<u64>,
+    /// Guest seconds (should-provision + provision) / claim-to-volume seconds.
+    pub guest_share: Option<f64>,
+    /// Bound claims over time: seconds since the first create, sorted.
+    pub bound_at: Vec<f64>,
+}
+
+impl RunFigures {
+    pub fn claims_per_s(&self) -> f64 {
+        rate(self.bound, self.all_bound_s)
+    }
+
+    pub fn deletes_per_s(&self) -> f64 {
+        rate(self.deleted, self.all_deleted_s)
+    }
+
+    fn per_volume(&self, value: f64) -> f64 {
+        // + 0.0: an empty sum is -0.0
+        value / self.claims.max(1) as f64 + 0.0
+    }
+}
+
+fn rate(count: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// The figures as a Markdown table, one row per run.
+pub fn table(runs: &[RunFigures]) -> String {
+    let mut out = String::from(
+        "| run | settings | N | all Bound in | claims/s | latency p50 / p99 | all deleted in | deletes/s | own writes / reads / 409s per volume | API server requests per volume (all but the benchmark) | CPU ms per volume | peak RSS | guest share |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for run in runs {
+        let bound = if run.bound == run.claims {
+            format!("{:.2} s", run.all_bound_s)
+        } else {
+            format!("{}/{} in {:.1} s", run.bound, run.claims, run.all_bound_s)
+        };
+        let own = format!(
+            "{:.1} / {:.1} / {:.2}",
+            run.per_volume(run.own.writes()),
+            run.per_volume(run.own.reads()),
+            run.per_volume(run.own.conflicts())
+        );
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.1} | {:.2} / {:.2} s | {:.2} s | {:.1} | {} | {:.1} | {} | {} | {} |",
+            run.run,
+            run.settings,
+            run.claims,
+            bound,
+            run.claims_per_s(),
+            quantile(&run.latencies, 0.5),
+            quantile(&run.latencies, 0.99),
+            run.all_deleted_s,
+            run.deletes_per_s(),
+            own,
+            run.per_volume(run.server.total()),
+            run.cpu_s
+                .map(|s| format!("{:.1}", run.per_volume(s * 1000.0)))
+                .unwrap_or_else(|| "-".into()),
+            run.peak_rss_bytes
+                .map(|b| format!("{:.0} MiB", b as f64 / (1024.0 * 1024.0)))
+                .unwrap_or_else(|| "-".into()),
+            run.guest_share
+                .map(|s| format!("{:.2}%", s * 100.0))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    out
+}
+
+/// Requests per volume by verb and resource: the provisioner's own, and the API
+/// server's count without the benchmark's requests.
+pub fn breakdown(run: &RunFigures) -> String {
+    let own = run.own.by_kind();
+    let server = run.server.by_kind();
+    let mut kinds: Vec<&Kind> = own.keys().chain(server.keys()).collect();
+    kinds.sort();
+    kinds.dedup();
+    let mut out = format!(
+        "{} ({}): requests per volume, watches not counted\n\
+         | verb | resource | provisioner (409s) | API server, all but the benchmark (409s) |\n\
+         |---|---|---|---|\n",
+        run.run, run.settings
+    );
+    for kind in kinds {
+        let cell = |map: &BTreeMap<Kind, (f64, f64)>| match map.get(kind) {
+            Some((n, conflicts)) => format!(
+                "{:.2} ({:.2})",
+                run.per_volume(*n),
+                run.per_volume(*conflicts)
+            ),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            kind.0,
+            kind.1,
+            cell(&own),
+            cell(&server)
+        );
+    }
+    out
+}
+
+/// Fonts tried for the plot's text, in order (DejaVu ships with most Linux systems).
+const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+/// Registers the first font found for plotters' "sans-serif"; false if none (the plot
+/// is then drawn without text).
+fn register_font() -> bool {
+    use std::sync::OnceLock;
+    static FOUND: OnceLock<bool> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        for path in FONT_PATHS {
+            if let Ok(bytes) = std::fs::read(path) {
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font(
+                    "sans-serif",
+                    plotters::style::FontStyle::Normal,
+                    bytes,
+                )
+                .is_ok()
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+/// Draws bound claims over time, one line per run, into the PNG `path`.
+pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let text = register_font();
+    let x_max = runs
+        .iter()
+        .flat_map(|r| r.bound_at.last().copied())
+        .fold(1.0_f64, f64::max)
+        * 1.05;
+    let y_max = runs.iter().map(|r| r.claims).max().unwrap_or(1).max(1) as f64 * 1.05;
+    let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20);
+    if text {
+        builder
+            .caption(title, ("sans-serif", 22))
+            .x_label_area_size(45)
+            .y_label_area_size(65);
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("seconds since the claims were created")
+            .y_desc("claims Bound")
+            .label_style(("sans-serif", 15));
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw()?;
+    let colors = [&BLUE, &RED, &GREEN, &MAGENTA, &CYAN, &BLACK];
+    for (index, run) in runs.iter().enumerate() {
+        let color = colors[index % colors.len()];
+        let mut points = vec![(0.0, 0.0)];
+        points.extend(
+            run.bound_at
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (*t, (i + 1) as f64)),
+        );
+        let series = chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?;
+        if text {
+            let label = format!("{} ({})", run.run, run.settings);
+            series
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 15))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const APISERVER: &str = r#"# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="POST",version="v1"} 7
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="PATCH",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="persistentvolumeclaims",scope="namespace",subresource="status",verb="PUT",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="cluster",subresource="",verb="LIST",version="v1"} 1
+apiserver_request_total{code="0",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="cluster",subresource="",verb="WATCH",version="v1"} 4
+process_cpu_seconds_total 12.5
+"#;
+
+    #[test]
+    fn parses_the_api_servers_request_counter() {
+        let samples = parse_samples(APISERVER);
+        assert_eq!(samples.len(), 6);
+        let requests = Requests::from_apiserver(&samples);
+        assert_eq!(requests.writes(), 12.0);
+        assert_eq!(requests.reads(), 1.0, "watches are not counted");
+        assert_eq!(requests.conflicts(), 2.0);
+        let kinds = requests.by_kind();
+        assert_eq!(
+            kinds[&("update".into(), "persistentvolumeclaims/status".into())],
+            (3.0, 0.0)
+        );
+        assert_eq!(
+            kinds[&("patch".into(), "persistentvolumes".into())],
+            (2.0, 2.0)
+        );
+    }
+
+    #[test]
+    fn label_values_may_hold_escapes_commas_and_braces() {
+        let sample = parse_line(r#"m{a="x,\"y\"}",b="z"} 3 1700000000"#).expect("a sample");
+        assert_eq!(sample.labels["a"], "x,\"y\"}");
+        assert_eq!(sample.labels["b"], "z");
+        assert_eq!(sample.value, 3.0);
+    }
+
+    #[test]
+    fn deltas_and_subtraction() {
+        let key = |v: &str| {
+            (
+                v.to_string(),
+                "persistentvolumes".to_string(),
+                "201".to_string(),
+            )
+        };
+        let before = Requests([(key("create"), 5.0)].into());
+        let after = Requests([(key("create"), 12.0), (key("delete"), 3.0)].into());
+        let delta = after.since(&before);
+        assert_eq!(delta.0[&key("create")], 7.0);
+        let mine = Requests([(key("create"), 10.0)].into());
+        let rest = delta.minus(&mine);
+        assert!(!rest.0.contains_key(&key("create")), "floored at zero");
+        assert_eq!(rest.0[&key("delete")], 3.0);
+    }
+
+    #[test]
+    fn quantiles_by_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&values, 0.5), 50.0);
+        assert_eq!(quantile(&values, 0.99), 99.0);
+        assert_eq!(quantile(&values, 1.0), 100.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_run() {
+        let run = RunFigures {
+            run: "ceiling".into(),
+            settings: "-".into(),
+            claims: 2,
+            bound: 2,
+            all_bound_s: 1.0,
+            latencies: vec![0.5, 1.0],
+            bound_at: vec![0.5, 1.0],
+            ..Default::default()
+        };
+        let text = table(std::slice::from_ref(&run));
+        assert_eq!(text.lines().count(), 3);
+        assert!(
+            text.contains("| ceiling | - | 2 | 1.00 s | 2.0 |"),
+            "{text}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let png = dir.path().join("plot.png");
+        plot(&png, "test", &[run]).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+    }
+}
