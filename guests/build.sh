@@ -126,7 +126,7 @@ ln -sfn "$node_modules/node_modules" js/node_modules
 for app in js/*/app.js; do
     guest_dir="$(dirname "$app")"
     name="$(basename "$guest_dir")-js"
-    key="$(digest js/package-lock.json js/componentize.mjs js/wit/*.wit ../wit/*.wit js/sdk/*.js "$guest_dir"/*.js)"
+    key="$(digest js/package-lock.json js/componentize.mjs js/world.wit ../wit/*.wit js/sdk/*.js "$guest_dir"/*.js)"
     built="$cache/polyglot-guests/$name-$key.wasm"
     if [ ! -f "$built" ]; then
         echo "build.sh: componentize-js $guest_dir" >&2

@@ -3,7 +3,7 @@
 //
 //   node componentize.mjs SOURCE.js OUT.wasm PROVISIONER_WIT_DIR
 //
-// The WIT given to componentize-js is assembled in a temporary directory: `wit/world.wit`
+// The WIT given to componentize-js is assembled in a temporary directory: `world.wit`
 // beside this script (the world `provisioner-js`), the host's contract from
 // PROVISIONER_WIT_DIR as a dependency, and the WASI 0.2.12 packages it uses, taken from
 // the jco package installed by `npm ci` (so they match the pinned toolchain).
@@ -24,7 +24,7 @@ const jcoWit = join(here, 'node_modules/@bytecodealliance/jco/lib/wit/builtin/0.
 
 const wit = mkdtempSync(join(tmpdir(), 'wasm-provisioner-js-wit-'));
 try {
-  cpSync(join(here, 'wit/world.wit'), join(wit, 'world.wit'));
+  cpSync(join(here, 'world.wit'), join(wit, 'world.wit'));
   mkdirSync(join(wit, 'deps'));
   cpSync(resolve(pluginWit), join(wit, 'deps/plugin'), { recursive: true });
   for (const pkg of ['wasi-filesystem', 'wasi-io', 'wasi-clocks']) {
