@@ -35,6 +35,8 @@ mkdir -p "$dist"
 out="$CARGO_TARGET_DIR/$target/release"
 count=0
 for manifest in */Cargo.toml */*/Cargo.toml; do
+    # templates/ holds `guest new`'s projects, not members of this workspace.
+    case "$manifest" in templates/*) continue ;; esac
     grep -q 'crate-type = \["cdylib"\]' "$manifest" || continue
     name="$(sed -n 's/^name = "\(.*\)"$/\1/p' "$manifest" | head -n 1)"
     built="$out/${name//-/_}.wasm"
