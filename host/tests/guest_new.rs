@@ -68,6 +68,12 @@ fn scaffold_and_test(lang: &str, extra: &[&str], env: &[(&str, PathBuf)]) {
     let mut test = Command::new("bash");
     test.arg(dir.join("test.sh"))
         .env("WASM_PROVISIONER", bin)
+        // The offline runner's compile cache, shared with guest_polyglot (one compile
+        // per module version, kept between runs).
+        .env(
+            "WASM_PROVISIONER_CACHE_DIR",
+            cache().join("offline-runner-cwasm"),
+        )
         .env_remove("RUSTFLAGS")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("CARGO_ENCODED_RUSTFLAGS");

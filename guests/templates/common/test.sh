@@ -25,7 +25,10 @@ modules:
     volumes:
       hostPath: [{ pathPrefix: /var/lib/{{name}} }]
 GRANTS
-run() { "$bin" guest "$@" --modules "$scratch/modules" --grants "$scratch/grants.yaml"; }
+# One compile per run (a Python or JavaScript component takes seconds):
+# WASM_PROVISIONER_CACHE_DIR keeps it between runs too.
+cache="${WASM_PROVISIONER_CACHE_DIR:-$scratch/cwasm}"
+run() { "$bin" guest "$@" --modules "$scratch/modules" --grants "$scratch/grants.yaml" --cache-dir "$cache"; }
 pv=pvc-0b6e3d4e-1111-4c3a-9d7e-000000000001
 
 run provision --class test/class.yaml --claim test/claim.yaml > "$scratch/pv.yaml"
