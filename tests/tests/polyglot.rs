@@ -33,8 +33,9 @@ fn mean_call_seconds(host: &Host, module: &str, call: &str) -> Option<f64> {
     let total = |suffix: &str| -> f64 {
         body.lines()
             .filter(|line| {
-                line.starts_with(&format!("wasm_provisioner_guest_call_duration_seconds_{suffix}{{"))
-                    && line.contains(&format!("module=\"{module}\""))
+                line.starts_with(&format!(
+                    "wasm_provisioner_guest_call_duration_seconds_{suffix}{{"
+                )) && line.contains(&format!("module=\"{module}\""))
                     && line.contains(&format!("call=\"{call}\""))
             })
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
