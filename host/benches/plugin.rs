@@ -1,9 +1,11 @@
 //! Plugin runtime benchmarks: one provision call (fresh store, instantiate, call) of the
-//! hostpath and nfs-subdir plugins, and loading a module cold (compile) versus from
-//! the precompiled cache.
+//! hostpath and nfs-subdir plugins and of the Python and JavaScript example guests
+//! (quota-dir, quota-dir-js), and loading each language's module cold (compile) versus
+//! from the precompiled cache.
 //!
 //! Needs the built guests: `bash guests/build.sh` (or set WASM_PROVISIONER_GUESTS_DIR
-//! to the directory holding hostpath.wasm and nfs-subdir.wasm).
+//! to the directory holding hostpath.wasm, nfs-subdir.wasm, quota-dir.wasm and
+//! quota-dir-js.wasm).
 //! Run: `cargo bench -p wasm-provisioner --bench plugin`.
 
 use std::path::PathBuf;
@@ -58,7 +60,9 @@ fn provision(c: &mut Criterion) {
         "allow: {{ directories: [{root}] }}\n\
          modules:\n\
          \x20 hostpath: {{ directories: [{{ host: {root}, guest: /volumes, mode: read-write }}] }}\n\
-         \x20 nfs-subdir: {{ directories: [{{ host: {root}, guest: /export, mode: read-write }}] }}\n",
+         \x20 nfs-subdir: {{ directories: [{{ host: {root}, guest: /export, mode: read-write }}] }}\n\
+         \x20 quota-dir: {{ directories: [{{ host: {root}, guest: /volumes, mode: read-write }}] }}\n\
+         \x20 quota-dir-js: {{ directories: [{{ host: {root}, guest: /volumes, mode: read-write }}] }}\n",
         root = scratch.path().display()
     );
     let tokio = tokio::runtime::Runtime::new().unwrap();
@@ -74,6 +78,14 @@ fn provision(c: &mut Criterion) {
         (
             "nfs-subdir",
             vec![("server", "nfs.example.com"), ("share", "/srv/nfs")],
+        ),
+        (
+            "quota-dir",
+            vec![("nodePath", "/var/lib/quota"), ("maxSize", "10Gi")],
+        ),
+        (
+            "quota-dir-js",
+            vec![("nodePath", "/var/lib/quota"), ("maxSize", "10Gi")],
         ),
     ] {
         let path = guests_dir().join(format!("{name}.wasm"));
@@ -92,10 +104,18 @@ fn provision(c: &mut Criterion) {
 }
 
 fn load(c: &mut Criterion) {
+    // One module per language: compiling a Python or JavaScript component takes
+    // seconds, so each group takes ten samples.
+    for name in ["hostpath", "quota-dir", "quota-dir-js"] {
+        load_module(c, name);
+    }
+}
+
+fn load_module(c: &mut Criterion, name: &str) {
     let tokio = tokio::runtime::Runtime::new().unwrap();
-    let path = guests_dir().join("hostpath.wasm");
+    let path = guests_dir().join(format!("{name}.wasm"));
     let bytes = std::fs::read(&path).unwrap();
-    let mut group = c.benchmark_group("load-hostpath");
+    let mut group = c.benchmark_group(format!("load-{name}"));
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(20));
@@ -103,7 +123,7 @@ fn load(c: &mut Criterion) {
         b.iter(|| {
             let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
             tokio
-                .block_on(runtime.load_bytes("hostpath", bytes.clone()))
+                .block_on(runtime.load_bytes(name, bytes.clone()))
                 .unwrap();
         })
     });
@@ -115,13 +135,13 @@ fn load(c: &mut Criterion) {
     };
     let warm = Runtime::new(config.clone()).unwrap();
     tokio
-        .block_on(warm.load_bytes("hostpath", bytes.clone()))
+        .block_on(warm.load_bytes(name, bytes.clone()))
         .unwrap();
     group.bench_function("cached", |b| {
         b.iter(|| {
             let runtime = Runtime::new(config.clone()).unwrap();
             tokio
-                .block_on(runtime.load_bytes("hostpath", bytes.clone()))
+                .block_on(runtime.load_bytes(name, bytes.clone()))
                 .unwrap();
             assert_eq!(runtime.metrics().cache_hits_total(), 1);
         })

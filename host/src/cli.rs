@@ -1,5 +1,6 @@
-//! The command line: `wasm-provisioner run` (the controller) and `wasm-provisioner guest
-//! provision|delete` (the offline runner of one plugin call). Every flag has an
+//! The command line: `wasm-provisioner run` (the controller), `wasm-provisioner guest
+//! provision|delete` (the offline runner of one plugin call) and `wasm-provisioner guest
+//! new` (a new guest project). Every flag has an
 //! environment variable (`WASM_PROVISIONER_...`) and a named default.
 
 use std::path::PathBuf;
@@ -92,6 +93,29 @@ pub enum GuestCommand {
     Provision(GuestProvisionArgs),
     /// Delete the backend volume of a PersistentVolume with a module.
     Delete(GuestDeleteArgs),
+    /// Create a new guest project (Rust, Python or JavaScript) outside this repository:
+    /// the WIT at this host's version, a plugin, build.sh, test.sh and a README.
+    New(GuestNewArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestNewArgs {
+    /// The module name (a DNS label): the project, the crate or package, and the
+    /// module file `NAME.wasm` are named after it.
+    pub name: String,
+
+    /// The language of the guest.
+    #[arg(long, env = "WASM_PROVISIONER_GUEST_LANG", value_enum)]
+    pub lang: crate::guest_new::Lang,
+
+    /// The directory to create (it must not exist, or be empty); default `./NAME`.
+    #[arg(long, env = "WASM_PROVISIONER_GUEST_DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// Rust only: depend on the SDK crate at this path (a clone's `guests/sdk`) instead
+    /// of the git tag of this host's version.
+    #[arg(long, env = "WASM_PROVISIONER_SDK_PATH")]
+    pub sdk_path: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -190,6 +214,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(crate::guest_cli::EXIT_DELETE_IN_BACKGROUND))
             }
         },
+        Command::Guest(GuestArgs {
+            command: GuestCommand::New(args),
+        }) => {
+            let dir = args
+                .dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(&args.name));
+            let created =
+                crate::guest_new::create(&args.name, args.lang, &dir, args.sdk_path.as_deref())?;
+            println!(
+                "created the {:?} guest {} in {} ({} files): cd {} && bash test.sh",
+                args.lang,
+                args.name,
+                created.dir.display(),
+                created.files.len(),
+                created.dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -282,6 +325,9 @@ mod tests {
             Command::Guest(GuestArgs {
                 command: GuestCommand::Delete(args),
             }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::New(_),
+            }) => unreachable!("guest new has no plugin arguments"),
         };
         let cli = parse(&["wasm-provisioner", "run", "--max-module-bytes", "1048576"]).unwrap();
         assert_eq!(plugins(cli).max_module_bytes, 1 << 20);

@@ -9,6 +9,7 @@ pub mod client;
 pub mod controller;
 pub mod decide;
 pub mod guest_cli;
+pub mod guest_new;
 pub mod leader;
 pub mod metrics;
 pub mod names;

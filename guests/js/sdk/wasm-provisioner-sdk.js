@@ -1,0 +1,362 @@
+// Write wasm-provisioner plugins in JavaScript (componentize-js).
+//
+// The same shape as the Rust SDK (guests/sdk): a plugin is an object (or class instance)
+// with `describe`, `provision`, `delete` and optionally `shouldProvision`,
+// `shouldDelete`; `exportProvisioner(plugin)` turns it into the world's exports:
+//
+//   import * as sdk from '../sdk/wasm-provisioner-sdk.js';
+//   class Mine {
+//     describe() { return sdk.pluginInfo('mine', '0.1.0'); }
+//     provision(req) { ...; return sdk.volume(req.claim.requestedBytes, sdk.hostPath(p)); }
+//     delete(req) { ... }                           // returns nothing or throws
+//   }
+//   const plugin = sdk.exportProvisioner(new Mine());
+//   export const { describe, shouldProvision, provision, shouldDelete } = plugin;
+//   const remove = plugin.delete;
+//   export { remove as delete };                    // `delete` is a reserved word
+//
+// Answers other than a volume (or a successful delete) are thrown: `new
+// sdk.Infeasible(msg)`, `Failed`, `Ignored`, `InBackground`, `Reschedule`. A `ParamError`
+// from the parameter helpers is `infeasible` in provision and `failed` in delete, as in
+// the Rust SDK. Any other exception is logged at error level and traps the call (like a
+// Rust panic): the host reports it as `trap`.
+//
+// Types follow jco's mapping of the WIT: records are objects with camelCase fields,
+// variants `{ tag, val }`, enums strings ('read-write-once'), options `undefined` or a
+// value, string maps arrays of [key, value], and u64 (sizes in bytes) BigInt.
+//
+// Every call runs in a fresh instance: keep no state between calls. Every call may be
+// repeated: be idempotent by PV name. Claims are hostile input.
+
+import { log as hostLog } from 'wasm-provisioner:plugin/log@0.1.0';
+import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
+
+// --- Logging over the `log` import -----------------------------------------------------
+
+function emit(level, message, fields) {
+  const pairs = Object.entries(fields || {}).map(([k, v]) => [String(k), String(v)]);
+  hostLog(level, String(message), pairs);
+}
+
+export const log = {
+  trace: (message, fields) => emit('trace', message, fields),
+  debug: (message, fields) => emit('debug', message, fields),
+  info: (message, fields) => emit('info', message, fields),
+  warn: (message, fields) => emit('warn', message, fields),
+  error: (message, fields) => emit('error', message, fields),
+};
+
+// --- Answers ---------------------------------------------------------------------------
+
+export class Answer extends Error {
+  constructor(tag, message) {
+    super(message);
+    this.tag = tag;
+  }
+}
+export class Ignored extends Answer { constructor(m) { super('ignored', m); } }
+export class Failed extends Answer { constructor(m) { super('failed', m); } }
+export class InBackground extends Answer { constructor(m) { super('in-background', m); } }
+export class Reschedule extends Answer { constructor(m) { super('reschedule', m); } }
+export class Infeasible extends Answer { constructor(m) { super('infeasible', m); } }
+
+/** A missing or malformed StorageClass parameter: the message names it and what to set. */
+export class ParamError extends Error {}
+
+const DELETE_TAGS = new Set(['ignored', 'failed', 'in-background']);
+
+// componentize-js turns a thrown object with a `payload` into the `err` of a result.
+function resultError(payload) {
+  const error = new Error(payload.val);
+  error.payload = payload;
+  return error;
+}
+
+function trap(call, error) {
+  log.error(`panic: ${call}: ${error && error.name}: ${error && error.message}`,
+    { stack: (error && error.stack) || '' });
+  return error;
+}
+
+/** The world's exports, calling into `plugin`. */
+export function exportProvisioner(plugin) {
+  return {
+    describe() {
+      try { return plugin.describe(); } catch (e) { throw trap('describe', e); }
+    },
+    shouldProvision(request) {
+      if (!plugin.shouldProvision) return true;
+      try { return !!plugin.shouldProvision(request); } catch (e) { throw trap('should-provision', e); }
+    },
+    provision(request) {
+      try {
+        return plugin.provision(request);
+      } catch (e) {
+        if (e instanceof Answer) throw resultError({ tag: e.tag, val: e.message });
+        if (e instanceof ParamError) throw resultError({ tag: 'infeasible', val: e.message });
+        throw trap('provision', e);
+      }
+    },
+    shouldDelete(request) {
+      if (!plugin.shouldDelete) return true;
+      try { return !!plugin.shouldDelete(request); } catch (e) { throw trap('should-delete', e); }
+    },
+    delete(request) {
+      try {
+        plugin.delete(request);
+      } catch (e) {
+        if (e instanceof Answer) {
+          const tag = DELETE_TAGS.has(e.tag) ? e.tag : 'failed';
+          throw resultError({ tag, val: e.message });
+        }
+        if (e instanceof ParamError) throw resultError({ tag: 'failed', val: e.message });
+        throw trap('delete', e);
+      }
+    },
+  };
+}
+
+// --- Builders --------------------------------------------------------------------------
+
+export function pluginInfo(name, version, { supportsBlock = false, dataSourceKinds = [] } = {}) {
+  return { name, version, supportsBlock, dataSourceKinds };
+}
+
+export function hostPath(path, pathType = 'Directory') {
+  return { tag: 'host-path', val: { path, pathType } };
+}
+
+export function nfs(server, path, readOnly = false) {
+  return { tag: 'nfs', val: { server, path, readOnly } };
+}
+
+export function jsonSource(text) {
+  return { tag: 'json', val: text };
+}
+
+export function hostnameAffinity(node) {
+  return [{ matchExpressions: [{ key: 'kubernetes.io/hostname', operator: 'In', values: [node] }] }];
+}
+
+/** A volume answer; `capacityBytes` is a BigInt or a number. */
+export function volume(capacityBytes, source, { node, labels = {}, annotations = {}, mountOptions = [] } = {}) {
+  return {
+    capacityBytes: BigInt(capacityBytes),
+    source,
+    nodeAffinity: node ? hostnameAffinity(node) : [],
+    labels: Object.entries(labels),
+    annotations: Object.entries(annotations),
+    mountOptions,
+    volumeMode: undefined,
+  };
+}
+
+/** A value of a string map (an array of [key, value]), or undefined. */
+export function lookup(pairs, key) {
+  const found = pairs.find(([k]) => k === key);
+  return found ? found[1] : undefined;
+}
+
+// --- Parameters ------------------------------------------------------------------------
+
+const TRUE = new Set(['1', 't', 'T', 'true', 'TRUE', 'True']);
+const FALSE = new Set(['0', 'f', 'F', 'false', 'FALSE', 'False']);
+
+export class Params {
+  constructor(pairs) { this.map = new Map(pairs); }
+  isEmpty() { return this.map.size === 0; }
+  get(key) { const v = this.map.get(key); return v ? v : undefined; }
+  getOr(key, dflt) { return this.get(key) ?? dflt; }
+  require(key, hint) {
+    const v = this.get(key);
+    if (v === undefined) throw new ParamError(`StorageClass parameter \`${key}\` is required: ${hint}`);
+    return v;
+  }
+  oneOf(key, allowed, dflt) {
+    const v = this.getOr(key, dflt);
+    if (!allowed.includes(v)) {
+      throw new ParamError(`StorageClass parameter \`${key}\` is ${JSON.stringify(v)}: set it to one of ${allowed.join(', ')}`);
+    }
+    return v;
+  }
+  bool(key, dflt) {
+    const v = this.get(key);
+    if (v === undefined) return dflt;
+    if (TRUE.has(v)) return true;
+    if (FALSE.has(v)) return false;
+    throw new ParamError(`StorageClass parameter \`${key}\` is ${JSON.stringify(v)}: set it to true or false`);
+  }
+  /** A Kubernetes quantity (`10Gi`, `500M`, `1048576`) as a BigInt of bytes. */
+  quantity(key, dflt, hint) {
+    const v = dflt === undefined ? this.require(key, hint) : this.getOr(key, dflt);
+    try { return parseQuantity(v); } catch (e) { throw new ParamError(`StorageClass parameter \`${key}\`: ${e.message}`); }
+  }
+  absolutePath(key, dflt, hint) {
+    const v = dflt === undefined ? this.require(key, hint) : this.getOr(key, dflt);
+    try { return checkAbsolute(v); } catch (e) {
+      throw new ParamError(`StorageClass parameter \`${key}\`: ${e.message}: set it to an absolute path`);
+    }
+  }
+  rejectUnknown(known) {
+    const unknown = [...this.map.keys()].filter((k) => !known.includes(k)).sort();
+    if (unknown.length) {
+      throw new ParamError(`unknown StorageClass parameter(s) ${unknown.join(', ')}: the known ones are ${known.join(', ')}`);
+    }
+  }
+}
+
+const SUFFIXES = {
+  '': 1n, k: 10n ** 3n, M: 10n ** 6n, G: 10n ** 9n, T: 10n ** 12n, P: 10n ** 15n, E: 10n ** 18n,
+  Ki: 1n << 10n, Mi: 1n << 20n, Gi: 1n << 30n, Ti: 1n << 40n, Pi: 1n << 50n, Ei: 1n << 60n,
+};
+
+/** Bytes (BigInt) of a whole-number Kubernetes quantity such as `10Gi`. */
+export function parseQuantity(text) {
+  const m = /^([0-9]+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)$/.exec(String(text).trim());
+  if (!m) {
+    throw new Error(`${JSON.stringify(text)} is not a size: write a whole number with an optional suffix (k, M, G, T, Ki, Mi, Gi, Ti), such as 10Gi`);
+  }
+  return BigInt(m[1]) * SUFFIXES[m[2]];
+}
+
+export function formatBytes(n) {
+  n = BigInt(n);
+  for (const s of ['Ei', 'Pi', 'Ti', 'Gi', 'Mi', 'Ki']) {
+    if (n !== 0n && n % SUFFIXES[s] === 0n) return `${n / SUFFIXES[s]}${s}`;
+  }
+  return String(n);
+}
+
+// --- Paths -----------------------------------------------------------------------------
+
+export function checkComponent(name) {
+  if (name === '' || name === '.' || name === '..') throw new Error(`${JSON.stringify(name)} is not a usable name`);
+  // eslint-disable-next-line no-control-regex
+  if (/[/\u0000-\u001f\u007f-\u009f]/.test(name)) throw new Error(`${JSON.stringify(name)} contains \`/\` or a control character`);
+  if (new TextEncoder().encode(name).length > 255) throw new Error(`${JSON.stringify(name.slice(0, 40))}... is longer than 255 bytes`);
+  return name;
+}
+
+export function checkPvName(name) {
+  if (!/^pvc-[a-z0-9-]{1,249}$/.test(name)) throw new Error(`${JSON.stringify(name)} is not a PV name of this host (pvc-<claim uid>)`);
+  return name;
+}
+
+export function checkAbsolute(path) {
+  if (!path.startsWith('/')) throw new Error(`${JSON.stringify(path)} is not absolute`);
+  const parts = path.split('/').filter((p) => p);
+  parts.forEach(checkComponent);
+  return '/' + parts.join('/');
+}
+
+export function join(base, ...names) {
+  return [base.replace(/\/+$/, ''), ...names.map(checkComponent)].join('/') || '/';
+}
+
+// --- Files in granted directories (wasi:filesystem, never following symlinks) -----------
+
+const NOFOLLOW = {};
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** The WASI error code of a thrown filesystem error ('no-entry', ...), or undefined. */
+export function errorCode(e) {
+  return e && typeof e.payload === 'string' ? e.payload : undefined;
+}
+
+/**
+ * An open directory inside a grant. `Dir.open('/volumes')` finds the grant (a WASI
+ * preopen) holding that guest path and opens the rest one component at a time.
+ */
+export class Dir {
+  constructor(descriptor, path) { this.descriptor = descriptor; this.path = path; }
+
+  static open(guestPath) {
+    const path = checkAbsolute(guestPath);
+    let best;
+    for (const [descriptor, root] of getDirectories()) {
+      const r = root === '/' ? '' : root.replace(/\/+$/, '');
+      if ((path === r || path.startsWith(r + '/')) && (!best || r.length > best[1].length)) {
+        best = [descriptor, r];
+      }
+    }
+    if (!best) throw new Failed(`${path} is not in a granted directory: the cluster admin grants it in the grants file`);
+    let dir = new Dir(best[0], best[1] || '/');
+    for (const part of path.slice(best[1].length).split('/').filter((p) => p)) dir = dir.openDir(part);
+    return dir;
+  }
+
+  openDir(name) {
+    const d = this.descriptor.openAt(NOFOLLOW, checkComponent(name), { directory: true }, { read: true, mutateDirectory: true });
+    return new Dir(d, join(this.path, name));
+  }
+
+  /** 'directory', 'regular-file', 'symbolic-link', ... or undefined if missing. */
+  typeOf(name) {
+    try { return this.descriptor.statAt(NOFOLLOW, checkComponent(name)).type; } catch (e) {
+      if (errorCode(e) === 'no-entry') return undefined;
+      throw e;
+    }
+  }
+
+  mkdir(name) {
+    try { this.descriptor.createDirectoryAt(checkComponent(name)); } catch (e) {
+      if (errorCode(e) !== 'exist') throw e;
+    }
+  }
+
+  readText(name) {
+    const f = this.descriptor.openAt(NOFOLLOW, checkComponent(name), {}, { read: true });
+    const chunks = [];
+    let offset = 0n;
+    for (;;) {
+      const [bytes, eof] = f.read(65536n, offset);
+      chunks.push(decoder.decode(bytes, { stream: true }));
+      offset += BigInt(bytes.length);
+      if (eof || bytes.length === 0) break;
+    }
+    return chunks.join('') + decoder.decode();
+  }
+
+  writeText(name, text) {
+    const f = this.descriptor.openAt(NOFOLLOW, checkComponent(name), { create: true, truncate: true }, { write: true });
+    const bytes = encoder.encode(text);
+    let offset = 0;
+    while (offset < bytes.length) offset += Number(f.write(bytes.subarray(offset), BigInt(offset)));
+  }
+
+  rename(from, to) { this.descriptor.renameAt(checkComponent(from), this.descriptor, checkComponent(to)); }
+  unlink(name) { this.descriptor.unlinkFileAt(checkComponent(name)); }
+  rmdir(name) { this.descriptor.removeDirectoryAt(checkComponent(name)); }
+
+  /** Names in this directory (without `.` and `..`). */
+  entries() {
+    const stream = this.descriptor.readDirectory();
+    const out = [];
+    for (let e = stream.readDirectoryEntry(); e; e = stream.readDirectoryEntry()) out.push(e);
+    return out;
+  }
+
+  /**
+   * Removes the subdirectory `name` and everything in it, without recursion and
+   * without following a symbolic link; stops after `budget` entries. Returns
+   * [entries removed, whether `name` is gone].
+   */
+  removeTree(name, budget) {
+    let removed = 0;
+    const stack = [[this, name]];
+    while (stack.length) {
+      const [parent, child] = stack[stack.length - 1];
+      const dir = parent.openDir(child);
+      let pushed = false;
+      for (const entry of dir.entries()) {
+        if (removed >= budget) return [removed, false];
+        if (entry.type === 'directory') { stack.push([dir, entry.name]); pushed = true; break; }
+        dir.unlink(entry.name);
+        removed += 1;
+      }
+      if (!pushed) { parent.rmdir(child); removed += 1; stack.pop(); }
+    }
+    return [removed, true];
+  }
+}

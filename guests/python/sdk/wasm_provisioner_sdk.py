@@ -1,0 +1,431 @@
+"""Write wasm-provisioner plugins in Python (componentize-py).
+
+The same shape as the Rust SDK (`guests/sdk`): a plugin is a subclass of
+`Provisioner`, exported with `export`:
+
+    import wasm_provisioner_sdk as sdk
+
+    class Mine(sdk.Provisioner):
+        def describe(self):
+            return sdk.PluginInfo(name="mine", version="0.1.0",
+                                  supports_block=False, data_source_kinds=[])
+        def provision(self, req): ...          # returns a sdk.Volume or raises
+        def delete(self, req): ...             # returns None or raises
+        # optional, default True:
+        def should_provision(self, req): return True
+        def should_delete(self, req): return True
+
+    WitWorld = sdk.export(Mine)                # componentize-py looks for `WitWorld`
+
+Answers other than a volume (or a successful delete) are raised:
+`Infeasible(msg)`, `Failed(msg)`, `Ignored(msg)`, `InBackground(msg)`,
+`Reschedule(msg)`. A `ParamError` from the parameter helpers is `Infeasible` in
+`provision` and `Failed` in `delete`, as in the Rust SDK. Any other exception is logged
+at error level with its traceback and traps the call (like a Rust panic): the host
+reports it as `trap`.
+
+Every call runs in a fresh instance: keep no state between calls. Every call may be
+repeated: be idempotent by PV name. Claim names, labels and annotations are hostile
+input: check them (`check_component`, `check_pv_name`) before building a path.
+"""
+
+import re
+import traceback
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import log as _log
+from wit_world.imports import types
+
+# The contract's types under their generated names (see `wit/provisioner.wit`).
+from wit_world.imports.types import (  # noqa: F401  (re-exported)
+    AccessMode,
+    BindingMode,
+    Claim,
+    Class,
+    CsiSource,
+    DataSource,
+    DeleteRequest,
+    HostPathSource,
+    IscsiSource,
+    LocalSource,
+    NfsSource,
+    Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PluginInfo,
+    ProvisionRequest,
+    PublishedVolume,
+    ReclaimPolicy,
+    Volume,
+    VolumeMode,
+)
+
+__all__ = [
+    "Provisioner", "export", "PluginInfo", "Volume", "ProvisionRequest", "DeleteRequest",
+    "Infeasible", "Failed", "Ignored", "InBackground", "Reschedule", "ParamError",
+    "Params", "host_path", "local", "nfs", "csi", "json_source", "hostname_affinity",
+    "volume", "lookup", "parse_quantity", "format_bytes", "check_component",
+    "check_pv_name", "join", "trace", "debug", "info", "warn", "error",
+]
+
+
+# --- Logging over the `log` import ---------------------------------------------------
+
+def _emit(level, message: str, fields: Dict[str, object]) -> None:
+    _log.log(level, str(message), [(str(k), str(v)) for k, v in fields.items()])
+
+
+def trace(message: str, **fields) -> None:
+    """`sdk.info("provisioning", volume=req.volume_name)`: one structured line."""
+    _emit(_log.Level.TRACE, message, fields)
+
+
+def debug(message: str, **fields) -> None:
+    _emit(_log.Level.DEBUG, message, fields)
+
+
+def info(message: str, **fields) -> None:
+    _emit(_log.Level.INFO, message, fields)
+
+
+def warn(message: str, **fields) -> None:
+    _emit(_log.Level.WARN, message, fields)
+
+
+def error(message: str, **fields) -> None:
+    _emit(_log.Level.ERROR, message, fields)
+
+
+# --- Answers ----------------------------------------------------------------------------
+
+class Answer(Exception):
+    """A plugin's own error answer; raise one of the subclasses."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class Ignored(Answer):
+    """Not mine: no Warning Event, no retry (provision and delete)."""
+
+
+class Failed(Answer):
+    """Finished with an error, nothing left running: retried with back-off."""
+
+
+class InBackground(Answer):
+    """Not finished: the host keeps asking (provision and delete)."""
+
+
+class Reschedule(Answer):
+    """The selected node cannot host the volume (provision only)."""
+
+
+class Infeasible(Answer):
+    """Can never succeed as asked; retried slowly (provision only)."""
+
+
+class ParamError(Exception):
+    """A missing or malformed StorageClass parameter; the message names it and says
+    what to set. `Infeasible` in `provision`, `Failed` in `delete`."""
+
+
+def _provision_error(answer: Exception):
+    message = str(answer)
+    if isinstance(answer, Ignored):
+        return types.ProvisionError_Ignored(message)
+    if isinstance(answer, InBackground):
+        return types.ProvisionError_InBackground(message)
+    if isinstance(answer, Reschedule):
+        return types.ProvisionError_Reschedule(message)
+    if isinstance(answer, (Infeasible, ParamError)):
+        return types.ProvisionError_Infeasible(message)
+    return types.ProvisionError_Failed(message)
+
+
+def _delete_error(answer: Exception):
+    message = str(answer)
+    if isinstance(answer, Ignored):
+        return types.DeleteError_Ignored(message)
+    if isinstance(answer, InBackground):
+        return types.DeleteError_InBackground(message)
+    if isinstance(answer, (Reschedule, Infeasible)):
+        # Not delete answers: a plugin bug, said plainly rather than trapping.
+        return types.DeleteError_Failed(
+            f"{message} (a {type(answer).__name__} answer is not a delete answer: failed)")
+    return types.DeleteError_Failed(message)
+
+
+# --- The plugin class and its export ----------------------------------------------------
+
+class Provisioner:
+    """Subclass and override `describe`, `provision`, `delete` (and optionally
+    `should_provision`, `should_delete`)."""
+
+    def describe(self) -> PluginInfo:
+        raise NotImplementedError("describe")
+
+    def should_provision(self, req: ProvisionRequest) -> bool:
+        return True
+
+    def provision(self, req: ProvisionRequest) -> Volume:
+        raise NotImplementedError("provision")
+
+    def should_delete(self, req: DeleteRequest) -> bool:
+        return True
+
+    def delete(self, req: DeleteRequest) -> None:
+        raise NotImplementedError("delete")
+
+
+def _trap(call: str, exc: BaseException) -> None:
+    # Like the Rust SDK's panic hook: say what went wrong before the call traps.
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    error(f"panic: {call}: {type(exc).__name__}: {exc}", traceback=text)
+
+
+def export(plugin_class):
+    """The `WitWorld` class componentize-py instantiates, calling into `plugin_class`."""
+    plugin = plugin_class()
+
+    class WitWorld(wit_world.WitWorld):
+        def describe(self) -> PluginInfo:
+            try:
+                return plugin.describe()
+            except BaseException as exc:
+                _trap("describe", exc)
+                raise
+
+        def should_provision(self, request: ProvisionRequest) -> bool:
+            try:
+                return bool(plugin.should_provision(request))
+            except BaseException as exc:
+                _trap("should-provision", exc)
+                raise
+
+        def provision(self, request: ProvisionRequest) -> Volume:
+            try:
+                return plugin.provision(request)
+            except (Answer, ParamError) as answer:
+                raise Err(_provision_error(answer))
+            except BaseException as exc:
+                _trap("provision", exc)
+                raise
+
+        def should_delete(self, request: DeleteRequest) -> bool:
+            try:
+                return bool(plugin.should_delete(request))
+            except BaseException as exc:
+                _trap("should-delete", exc)
+                raise
+
+        def delete(self, request: DeleteRequest) -> None:
+            try:
+                plugin.delete(request)
+            except (Answer, ParamError) as answer:
+                raise Err(_delete_error(answer))
+            except BaseException as exc:
+                _trap("delete", exc)
+                raise
+
+    return WitWorld
+
+
+# --- Builders ---------------------------------------------------------------------------
+
+def host_path(path: str, path_type: Optional[str] = "Directory"):
+    return types.VolumeSource_HostPath(types.HostPathSource(path=path, path_type=path_type))
+
+
+def local(path: str, fs_type: Optional[str] = None):
+    return types.VolumeSource_Local(types.LocalSource(path=path, fs_type=fs_type))
+
+
+def nfs(server: str, path: str, read_only: bool = False):
+    return types.VolumeSource_Nfs(types.NfsSource(server=server, path=path, read_only=read_only))
+
+
+def csi(driver: str, volume_handle: str, fs_type: Optional[str] = None,
+        read_only: bool = False, volume_attributes: Sequence[Tuple[str, str]] = ()):
+    return types.VolumeSource_Csi(types.CsiSource(
+        driver=driver, volume_handle=volume_handle, fs_type=fs_type, read_only=read_only,
+        volume_attributes=list(volume_attributes)))
+
+
+def json_source(text: str):
+    """Any other PersistentVolumeSource as JSON with one key, e.g. `{"cephfs": {...}}`."""
+    return types.VolumeSource_Json(text)
+
+
+def hostname_affinity(node: str) -> List[NodeSelectorTerm]:
+    """Node affinity `kubernetes.io/hostname In [node]`."""
+    return [NodeSelectorTerm(match_expressions=[NodeSelectorRequirement(
+        key="kubernetes.io/hostname", operator="In", values=[node])])]
+
+
+def volume(capacity_bytes: int, source, *, node: Optional[str] = None,
+           labels: Optional[Dict[str, str]] = None,
+           annotations: Optional[Dict[str, str]] = None,
+           mount_options: Sequence[str] = (), volume_mode=None) -> Volume:
+    """A `Volume` answer; `node` adds hostname node affinity."""
+    return Volume(
+        capacity_bytes=int(capacity_bytes),
+        source=source,
+        node_affinity=hostname_affinity(node) if node else [],
+        labels=sorted((labels or {}).items()),
+        annotations=sorted((annotations or {}).items()),
+        mount_options=list(mount_options),
+        volume_mode=volume_mode,
+    )
+
+
+def lookup(pairs: Iterable[Tuple[str, str]], key: str) -> Optional[str]:
+    """A value of a string map (labels, annotations, parameters), or None."""
+    for k, v in pairs:
+        if k == key:
+            return v
+    return None
+
+
+# --- Parameters -------------------------------------------------------------------------
+
+_TRUE = {"1", "t", "T", "true", "TRUE", "True"}
+_FALSE = {"0", "f", "F", "false", "FALSE", "False"}
+
+
+class Params:
+    """A view of a StorageClass's parameters. An empty value counts as absent; every
+    error is a `ParamError` naming the parameter and saying what to set."""
+
+    def __init__(self, pairs: Iterable[Tuple[str, str]]):
+        self._map = {k: v for k, v in pairs}
+
+    def is_empty(self) -> bool:
+        return not self._map
+
+    def get(self, key: str) -> Optional[str]:
+        value = self._map.get(key)
+        return value if value else None
+
+    def get_or(self, key: str, default: str) -> str:
+        return self.get(key) or default
+
+    def require(self, key: str, hint: str) -> str:
+        value = self.get(key)
+        if value is None:
+            raise ParamError(f"StorageClass parameter `{key}` is required: {hint}")
+        return value
+
+    def one_of(self, key: str, allowed: Sequence[str], default: str) -> str:
+        value = self.get_or(key, default)
+        if value not in allowed:
+            raise ParamError(
+                f"StorageClass parameter `{key}` is {value!r}: set it to one of "
+                + ", ".join(allowed))
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.get(key)
+        if value is None:
+            return default
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ParamError(f"StorageClass parameter `{key}` is {value!r}: set it to true or false")
+
+    def quantity(self, key: str, default: Optional[str], hint: str) -> int:
+        """A Kubernetes quantity (`10Gi`, `500M`, `1048576`) in bytes."""
+        value = self.get(key) if default is None else self.get_or(key, default)
+        if value is None:
+            raise ParamError(f"StorageClass parameter `{key}` is required: {hint}")
+        try:
+            return parse_quantity(value)
+        except ValueError as exc:
+            raise ParamError(f"StorageClass parameter `{key}`: {exc}") from None
+
+    def absolute_path(self, key: str, default: Optional[str], hint: str) -> str:
+        value = self.get_or(key, default) if default is not None else self.require(key, hint)
+        try:
+            return check_absolute(value)
+        except ValueError as exc:
+            raise ParamError(
+                f"StorageClass parameter `{key}`: {exc}: set it to an absolute path") from None
+
+    def reject_unknown(self, known: Sequence[str]) -> None:
+        unknown = sorted(k for k in self._map if k not in known)
+        if unknown:
+            raise ParamError(
+                f"unknown StorageClass parameter(s) {', '.join(unknown)}: the known ones are "
+                + ", ".join(known))
+
+
+_SUFFIXES = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+_QUANTITY = re.compile(r"^([0-9]+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)$")
+
+
+def parse_quantity(text: str) -> int:
+    """Bytes of a whole-number Kubernetes quantity such as `10Gi`; ValueError otherwise."""
+    match = _QUANTITY.match(text.strip())
+    if not match:
+        raise ValueError(
+            f"{text!r} is not a size: write a whole number with an optional suffix "
+            "(k, M, G, T, Ki, Mi, Gi, Ti), such as 10Gi")
+    return int(match.group(1)) * _SUFFIXES[match.group(2)]
+
+
+def format_bytes(n: int) -> str:
+    """`10Gi`, `1536Mi`, or plain bytes: the largest binary suffix that divides `n`."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = _SUFFIXES[suffix]
+        if n and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
+# --- Paths ------------------------------------------------------------------------------
+
+_PV_NAME = re.compile(r"^pvc-[a-z0-9-]{1,249}$")
+
+
+def check_component(name: str) -> str:
+    """One path component: refuses empty, `.`, `..`, `/`, NUL, control characters and
+    names over 255 bytes (ValueError)."""
+    if name in ("", ".", ".."):
+        raise ValueError(f"{name!r} is not a usable name")
+    if "/" in name or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+        raise ValueError(f"{name!r} contains `/` or a control character")
+    if len(name.encode()) > 255:
+        raise ValueError(f"{name[:40]!r}... is longer than 255 bytes")
+    return name
+
+
+def check_pv_name(name: str) -> str:
+    """A PV name as the host makes them: `pvc-` then 1-249 of `[a-z0-9-]`."""
+    if not _PV_NAME.match(name):
+        raise ValueError(f"{name!r} is not a PV name of this host (pvc-<claim uid>)")
+    return name
+
+
+def check_absolute(path: str) -> str:
+    """An absolute path with every component checked, without repeated or trailing `/`."""
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} is not absolute")
+    parts = [p for p in path.split("/") if p]
+    for part in parts:
+        check_component(part)
+    normal = "/" + "/".join(parts)
+    if len(normal.encode()) > 1024:
+        raise ValueError(f"{path[:40]!r}... is longer than 1024 bytes")
+    return normal
+
+
+def join(base: str, *names: str) -> str:
+    """`base/name/...` with each name checked as one component."""
+    return "/".join([base.rstrip("/") or ""] + [check_component(n) for n in names]) or "/"
