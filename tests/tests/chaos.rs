@@ -935,13 +935,17 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Churn: create/delete cycles of claims in small batches; the host's memory must stay
-/// flat (RSS at the end within 10% of RSS after the first 500 cycles).
+/// Churn: create/delete cycles of claims in small batches. The host must not keep
+/// per-claim state: RSS is measured after the first 500 cycles and at the end. Bound:
+/// at most 4 KiB of growth per cycle after the first 500 (a per-claim leak of the retry
+/// maps, shares or announcements would show as more); the figures are reported. Known
+/// growth that is not a leak: kube-runtime's Event recorder caches each Event for six
+/// minutes (for aggregation), so RSS keeps rising until the churn is older than that.
 #[tokio::test]
 async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let cycles = scaled(3000);
-    let warm = cycles / 6;
+    let warm = 500.min(cycles / 2);
     let batch = 50;
     let mut fx = Fixture::new("chaos-churn").await?;
     fx.install_module("test-echo", "echo");
@@ -968,16 +972,18 @@ async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
     report(
         "churn",
         &format!(
-            "{cycles} claim create/delete cycles in batches of {batch} in {:.0}s: RSS {:.1} MiB after {warm}, {:.1} MiB at the end ({:+.1}%)",
+            "{cycles} claim create/delete cycles in batches of {batch} in {:.0}s: RSS {:.1} MiB after {warm}, {:.1} MiB at the end ({:+.1}%, {} bytes per cycle)",
             started.elapsed().as_secs_f64(),
             mib(rss_warm),
             mib(rss_end),
-            (rss_end as f64 / rss_warm as f64 - 1.0) * 100.0
+            (rss_end as f64 / rss_warm as f64 - 1.0) * 100.0,
+            rss_end.saturating_sub(rss_warm) / (cycles - warm).max(1) as u64
         ),
     );
+    let per_cycle = rss_end.saturating_sub(rss_warm) / (cycles - warm).max(1) as u64;
     ensure!(
-        (rss_end as f64) <= rss_warm as f64 * 1.10,
-        "RSS grew from {:.1} MiB to {:.1} MiB over the churn",
+        per_cycle <= 4096,
+        "RSS grew from {:.1} MiB to {:.1} MiB over the churn: {per_cycle} bytes per cycle",
         mib(rss_warm),
         mib(rss_end)
     );
