@@ -61,7 +61,11 @@ impl Provisioner for Journal {
         match std::fs::remove_dir(format!("/volumes/{name}")) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(DeleteError::Failed(format!("removing /volumes/{name}: {e}"))),
+            Err(e) => {
+                return Err(DeleteError::Failed(format!(
+                    "removing /volumes/{name}: {e}"
+                )));
+            }
         }
         note("end", "delete", name).map_err(DeleteError::Failed)
     }
