@@ -55,7 +55,7 @@ async fn python_or_js_guest_lives_and_refuses(built: &str) -> anyhow::Result<()>
             &[
                 ("nodePath", "/var/lib/wasm-provisioner/quota"),
                 ("maxSize", "2Gi"),
-                ("poolSize", "3Gi"),
+                ("poolSize", "2Gi"),
             ],
             json!({ "reclaimPolicy": "Delete" }),
         )
