@@ -122,7 +122,7 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
     )
     .await?;
 
-    let request = request::provision_request(&claim, &class, node.as_ref())?;
+    let request = request::provision_request(&claim, &class, node.as_ref().map(|n| &n.metadata))?;
     if !module.should_provision(&request).await? {
         return Err(declined(&module, "should-provision"));
     }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -52,7 +52,7 @@ pub enum Error {
 pub fn provision_request(
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
-    node: Option<&Node>,
+    node: Option<&ObjectMeta>,
 ) -> Result<types::ProvisionRequest, Error> {
     let key = ClaimView(claim).key();
     let volume_name = ClaimView(claim)
@@ -253,10 +253,12 @@ fn class_of(class: &StorageClass) -> Result<types::Class, Error> {
     })
 }
 
-fn node_of(node: &Node) -> types::Node {
+/// The selected node as the plugin sees it: its name and labels (all the host keeps of
+/// a node: its store is a metadata-only watch).
+fn node_of(node: &ObjectMeta) -> types::Node {
     types::Node {
-        name: node.metadata.name.clone().unwrap_or_default(),
-        labels: string_map(node.metadata.labels.as_ref()),
+        name: node.name.clone().unwrap_or_default(),
+        labels: string_map(node.labels.as_ref()),
     }
 }
 
@@ -272,7 +274,7 @@ pub fn string_map(map: Option<&BTreeMap<String, String>>) -> types::StringMap {
 pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        PersistentVolumeClaimSpec, TopologySelectorLabelRequirement, TopologySelectorTerm,
+        Node, PersistentVolumeClaimSpec, TopologySelectorLabelRequirement, TopologySelectorTerm,
         TypedLocalObjectReference, TypedObjectReference, VolumeResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -662,7 +664,7 @@ pub(crate) mod tests {
             },
             ..Default::default()
         };
-        let req = provision_request(&claim(), &class(), Some(&node)).unwrap();
+        let req = provision_request(&claim(), &class(), Some(&node.metadata)).unwrap();
         let n = req.selected_node.unwrap();
         assert_eq!(n.name, "worker-1");
         assert_eq!(

@@ -258,6 +258,9 @@ pub struct RunFigures {
     pub deleted: usize,
     /// The provisioner's own requests (its client's count), the run only.
     pub own: Requests,
+    /// The part of `own` made while provisioning: from the first create until every
+    /// claim is Bound and the provisioner's requests settled (the rest is deletion's).
+    pub own_provisioning: Requests,
     /// The API server's count of the run, this benchmark's own requests removed: the
     /// provisioner's, the controller-manager's.
     pub server: Requests,
@@ -270,6 +273,16 @@ pub struct RunFigures {
 }
 
 impl RunFigures {
+    /// "writes / reads / 409s" per volume.
+    pub fn requests_per_volume(&self, requests: &Requests) -> String {
+        format!(
+            "{:.1} / {:.1} / {:.2}",
+            self.per_volume(requests.writes()),
+            self.per_volume(requests.reads()),
+            self.per_volume(requests.conflicts())
+        )
+    }
+
     pub fn claims_per_s(&self) -> f64 {
         rate(self.bound, self.all_bound_s)
     }
@@ -295,7 +308,7 @@ fn rate(count: usize, seconds: f64) -> f64 {
 /// The figures as a Markdown table, one row per run.
 pub fn table(runs: &[RunFigures]) -> String {
     let mut out = String::from(
-        "| run | settings | N | all Bound in | claims/s | latency p50 / p99 | all deleted in | deletes/s | own writes / reads / 409s per volume | API server requests per volume (all but the benchmark) | CPU ms per volume | peak RSS | guest share |\n\
+        "| run | settings | N | all Bound in | claims/s | latency p50 / p99 | all deleted in | deletes/s | own writes / reads / 409s per volume: provisioning; deletion | API server requests per volume (all but the benchmark) | CPU ms per volume | peak RSS | guest share |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in runs {
@@ -304,11 +317,11 @@ pub fn table(runs: &[RunFigures]) -> String {
         } else {
             format!("{}/{} in {:.1} s", run.bound, run.claims, run.all_bound_s)
         };
+        let deletion = run.own.minus(&run.own_provisioning);
         let own = format!(
-            "{:.1} / {:.1} / {:.2}",
-            run.per_volume(run.own.writes()),
-            run.per_volume(run.own.reads()),
-            run.per_volume(run.own.conflicts())
+            "{}; {}",
+            run.requests_per_volume(&run.own_provisioning),
+            run.requests_per_volume(&deletion)
         );
         let _ = writeln!(
             out,

@@ -10,6 +10,7 @@ pub mod claims;
 mod events;
 pub mod faults;
 mod finalizers;
+mod recent;
 pub mod retry;
 pub mod shares;
 pub mod volumes;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
@@ -72,7 +74,9 @@ pub struct Context {
     pub claims: Store<PersistentVolumeClaim>,
     pub volumes: Store<PersistentVolume>,
     pub classes: Store<StorageClass>,
-    pub nodes: Store<Node>,
+    /// Node metadata only (a metadata-only watch): a provision request needs the
+    /// selected node's name and labels, nothing else of a node.
+    pub nodes: Store<PartialObjectMeta<Node>>,
     pub events: EventSink,
     pub metrics: Arc<Metrics>,
     pub claim_retries: Retries,
@@ -85,6 +89,8 @@ pub struct Context {
     pub caches_synced: tokio::sync::watch::Receiver<bool>,
     /// The fence every backend-changing step runs through ([`Leadership::fenced`]).
     pub leadership: Leadership,
+    /// What this process just wrote that the caches may not show yet ([`recent`]).
+    pub recent: recent::Recent,
 }
 
 impl Context {
@@ -92,7 +98,7 @@ impl Context {
         self.classes.get(&ObjectRef::new(name))
     }
 
-    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+    pub fn node(&self, name: &str) -> Option<Arc<PartialObjectMeta<Node>>> {
         self.nodes.get(&ObjectRef::new(name))
     }
 
@@ -135,24 +141,31 @@ fn sweep_retries(context: &Context) {
         .collect();
     context.volume_retries.retain(|key| volumes.contains(key));
     volumes::retain_announced(|key| volumes.contains(key));
+    let claims_with_finalizer: std::collections::HashSet<String> = context
+        .claims
+        .state()
+        .iter()
+        .filter(|c| ClaimView(c).has_finalizer(crate::names::FINALIZER_CLAIM_PROVISIONING))
+        .map(|c| claims::key(c))
+        .collect();
+    context.recent.retain(
+        |name| context.volume(name).is_some(),
+        |uid| claims_with_finalizer.contains(uid),
+        |uid| volumes.contains(uid),
+    );
 }
 
-/// Starts a reflector for `api` and returns its store; the stream runs until `stop`.
-fn reflect<K>(api: Api<K>, stop: CancellationToken) -> Store<K>
+/// Starts a reflector over `events` (a watcher's stream) and returns its store; the
+/// stream runs until `stop`.
+fn reflect<K>(
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    stop: CancellationToken,
+) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects();
+    let stream = events.default_backoff().reflect(writer).applied_objects();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         loop {
@@ -183,11 +196,18 @@ pub async fn run(
     let claims_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let volumes_api: Api<PersistentVolume> = Api::all(client.clone());
     let classes_api: Api<StorageClass> = Api::all(client.clone());
-    let nodes_api: Api<Node> = Api::all(client.clone());
+    // Metadata-only requests: the host needs a node's name and labels, not its status.
+    let nodes_api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
 
     let watcher_stop = CancellationToken::new();
-    let classes = reflect(classes_api.clone(), watcher_stop.clone());
-    let nodes = reflect(nodes_api, watcher_stop.clone());
+    let classes = reflect(
+        watcher(classes_api.clone(), watcher::Config::default()),
+        watcher_stop.clone(),
+    );
+    let nodes = reflect(
+        watcher(nodes_api, watcher::Config::default()),
+        watcher_stop.clone(),
+    );
 
     let config = kube::runtime::controller::Config::default().concurrency(settings.threads);
     // A claim waiting for its module's share of the workers is reconciled again when a
@@ -248,6 +268,7 @@ pub async fn run(
         nodes: nodes.clone(),
         events: EventSink::new(recorder),
         metrics,
+        recent: recent::Recent::default(),
     });
 
     let claim_stop = stop.clone();

@@ -26,7 +26,8 @@ use tracing::{info, warn};
 use super::Context;
 use super::claims::{InFlight, call, delete_outcome, observe_call};
 use super::faults::Step;
-use super::finalizers::{self, Edited};
+use super::finalizers;
+use super::recent::VolumeStage;
 use super::retry::Next;
 use super::shares;
 use crate::decide::{self, DeleteDecision, FinalizerAction};
@@ -163,6 +164,14 @@ fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>,
 }
 
 async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
+    // The cache may still show a volume whose backend this process deleted a moment ago
+    // (the PV's deletion not yet seen): no second delete call, only what is left of its
+    // cleanup. No live read (issue 11.2).
+    match ctx.recent.volume_stage(&key(pv)) {
+        Some(VolumeStage::Finished) => return Ok(Action::await_change()),
+        Some(VolumeStage::BackendDeleted) => return remove_volume(ctx, pv).await,
+        None => {}
+    }
     // The module's share of the volume workers (see `shares`): a volume whose module
     // holds all of it waits in the module's own queue, before any API request, without
     // an Event or a failed attempt. A module that cannot be told is handled below.
@@ -184,21 +193,6 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
         },
         Err(_) => None,
     };
-    // Decide on the live object: the cache may still show a volume whose backend this
-    // host deleted a moment ago (finalizer not yet gone), and a second delete call
-    // would be wasted work, or worse for a plugin that is not idempotent.
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let pv = &match api
-        .get_opt(&pv.name_any())
-        .await
-        .map_err(|e| api_error(pv, e))?
-    {
-        Some(live) if live.uid() == pv.uid() => live,
-        _ => return Ok(Action::await_change()),
-    };
-    if decide::should_delete(pv, &ctx.settings.provisioner_name) != DeleteDecision::Delete {
-        return Ok(Action::await_change());
-    }
     let volume_name = pv.name_any();
     let class = class_label(pv);
     let module = match module_for(ctx, pv) {
@@ -276,23 +270,36 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
         .observe(started.elapsed().as_secs_f64());
     info!(volume = %volume_name, module = module.name(), "backend volume deleted");
 
-    // The backend is gone: delete the PV object, then let it go.
-    let deleted = ctx
-        .leadership
-        .fenced(
-            "PV delete",
-            api.delete(&volume_name, &DeleteParams::default()),
-        )
-        .await?;
-    match deleted {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(error) => return Err(api_error(pv, error)),
+    ctx.recent
+        .set_volume_stage(&key(pv), VolumeStage::BackendDeleted);
+    remove_volume(ctx, pv).await
+}
+
+/// The backend is gone: deletes the PV object (unless it is being deleted already),
+/// then lets it go (our finalizer off). Each step is one request without a
+/// precondition, so the pv-protection controller's edits cannot make it conflict.
+async fn remove_volume(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
+    let volume_name = pv.name_any();
+    if pv.metadata.deletion_timestamp.is_none() {
+        let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+        let deleted = ctx
+            .leadership
+            .fenced(
+                "PV delete",
+                api.delete(&volume_name, &DeleteParams::default()),
+            )
+            .await?;
+        match deleted {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(api_error(pv, error)),
+        }
+        ctx.settings.faults.after(Step::PvDelete, &volume_name);
     }
-    ctx.settings.faults.after(Step::PvDelete, &volume_name);
     if decide::has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION) {
         edit_finalizer(ctx, pv, false).await?;
     }
+    ctx.recent.set_volume_stage(&key(pv), VolumeStage::Finished);
     ctx.volume_retries.forget(&key(pv));
     Ok(Action::await_change())
 }
@@ -327,15 +334,9 @@ async fn delete_failed(
 async fn edit_finalizer(ctx: &Context, pv: &PersistentVolume, add: bool) -> Result<(), Error> {
     ctx.leadership.check("PV finalizer edit")?;
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let edited = finalizers::set(&api, pv, names::FINALIZER_PV_PROTECTION, add)
+    finalizers::set(&api, pv, names::FINALIZER_PV_PROTECTION, add)
         .await
         .map_err(|e| api_error(pv, e))?;
-    if let Edited::Busy = edited {
-        warn!(
-            volume = pv.name_any(),
-            "the volume kept changing while its finalizers were updated; will retry"
-        );
-    }
     Ok(())
 }
 

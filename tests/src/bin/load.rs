@@ -294,6 +294,13 @@ async fn run(
         seen.lock().unwrap().bound.len() >= args.claims
     })
     .await;
+    // The provisioner's requests while provisioning: a claim is Bound as soon as its PV
+    // exists, a moment before the provisioner's last edit of it, so wait until its
+    // count stops moving.
+    let own_provisioning = match (&host, &host_before) {
+        (Some(host), Some(before)) => settled_requests(host).await?.since(before),
+        _ => own_requests().since(&own_before),
+    };
 
     // Delete them all at once (the ceiling deletes its PVs itself).
     let delete_started = Instant::now();
@@ -333,6 +340,7 @@ async fn run(
         settings: spec.settings.clone(),
         claims: args.claims,
         server,
+        own_provisioning,
         ..Default::default()
     };
     {
@@ -391,10 +399,14 @@ async fn run(
     } else {
         // The ceiling's "provisioner" is this benchmark's PV requests: 1 create and 1
         // delete per volume.
-        let mut own = own_requests().since(&own_before);
-        own.0
-            .retain(|(_, resource, _), _| resource == "persistentvolumes");
-        figures.own = own;
+        let volumes_only = |mut requests: Requests| {
+            requests
+                .0
+                .retain(|(_, resource, _), _| resource == "persistentvolumes");
+            requests
+        };
+        figures.own = volumes_only(own_requests().since(&own_before));
+        figures.own_provisioning = volumes_only(std::mem::take(&mut figures.own_provisioning));
     }
     Ok(figures)
 }
@@ -581,6 +593,20 @@ fn own_requests() -> Requests {
 }
 
 /// The host's own requests so far.
+/// The host's request count once it stopped moving for a second (at most 30 s).
+async fn settled_requests(host: &Host) -> anyhow::Result<Requests> {
+    let mut last = host_requests(host)?;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = host_requests(host)?;
+        if now.total() == last.total() {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
 fn host_requests(host: &Host) -> anyhow::Result<Requests> {
     Ok(Requests::from_client(&parse_samples(
         &host.get("/metrics")?.1,

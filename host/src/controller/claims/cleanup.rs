@@ -43,7 +43,7 @@ pub(super) async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Res
     let node = ClaimView(claim)
         .selected_node()
         .and_then(|name| ctx.node(name));
-    let request = request::provision_request(claim, &class, node.as_deref())?;
+    let request = request::provision_request(claim, &class, node.as_deref().map(|n| &n.metadata))?;
 
     let gauge = ctx.metrics.in_flight.with_label_values(&["provision"]);
     let _in_flight = InFlight::start(&gauge);

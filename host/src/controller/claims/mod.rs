@@ -309,15 +309,20 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
     }
 }
 
-/// Adds or removes our finalizer; returns the claim as it now is.
+/// Adds or removes our finalizer; returns the claim as it now is, `None` when it is
+/// gone (or replaced under its name, or, when adding, being deleted).
 async fn set_claim_finalizer(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     add: bool,
-) -> Result<PersistentVolumeClaim, Error> {
+) -> Result<Option<PersistentVolumeClaim>, Error> {
     // Removing it lets the claim go with whatever the backend holds: only a leader may.
     if !add {
         ctx.leadership.check("claim finalizer removal")?;
+        // Removed already, by this process: the cache has not caught up.
+        if ctx.recent.was_released(&key(claim)) {
+            return Ok(Some(claim.clone()));
+        }
     }
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
@@ -326,25 +331,23 @@ async fn set_claim_finalizer(
         .map_err(|e| Error::api(claim, e))?
     {
         Edited::Done(claim) => {
+            ctx.recent.set_released(&key(&claim), !add);
             if !add {
                 let key = ClaimView(&claim).key();
                 ctx.settings.faults.after(Step::FinalizerRemove, &key);
             }
-            Ok(claim)
+            Ok(Some(claim))
         }
-        Edited::Gone => Ok(claim.clone()),
-        Edited::Busy => Err(Error::Save {
-            claim: ClaimView(claim).key(),
-            message: "the claim kept changing while its finalizers were updated; will retry".into(),
-        }),
+        Edited::Gone => Ok(None),
     }
 }
 
-/// Adds our finalizer; returns the claim as it now is.
+/// Adds our finalizer; returns the claim as it now is, or `None` when it is gone or
+/// being deleted (then nothing may be provisioned for it).
 async fn add_claim_finalizer(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
-) -> Result<PersistentVolumeClaim, Error> {
+) -> Result<Option<PersistentVolumeClaim>, Error> {
     set_claim_finalizer(ctx, claim, true).await
 }
 

@@ -35,7 +35,11 @@ pub(super) async fn provision(
 
     // Persist the intent before the backend is touched. From here on `claim` is the
     // fresh object, so later finalizer edits see our finalizer.
-    let claim = &add_claim_finalizer(ctx, claim).await?;
+    let Some(claim) = add_claim_finalizer(ctx, claim).await? else {
+        info!(claim = %claim_key, "the claim is gone or being deleted; not provisioning");
+        return Ok(Action::await_change());
+    };
+    let claim = &claim;
     ctx.settings.faults.after(Step::FinalizerAdd, &claim_key);
     ctx.events
         .claim_normal(
@@ -290,9 +294,14 @@ async fn save_volume(ctx: &Context, claim: &PersistentVolumeClaim, pv: &Persiste
             Err(fenced) => return Saved::NotLeader(fenced),
         };
         match created {
-            Ok(_) => return Saved::Yes,
+            Ok(_) => {
+                ctx.recent.created(&name);
+                return Saved::Yes;
+            }
+            // Only here a read: whose is the PV of this name?
             Err(kube::Error::Api(status)) if status.code == 409 => match api.get_opt(&name).await {
                 Ok(Some(existing)) if decide::existing_pv_is_this_claims(&existing, claim) => {
+                    ctx.recent.created(&name);
                     return Saved::Yes;
                 }
                 Ok(Some(_)) => {
@@ -315,6 +324,7 @@ async fn save_volume(ctx: &Context, claim: &PersistentVolumeClaim, pv: &Persiste
     if let Ok(Some(existing)) = api.get_opt(&name).await
         && decide::existing_pv_is_this_claims(&existing, claim)
     {
+        ctx.recent.created(&name);
         return Saved::Yes;
     }
     Saved::No(format!(

@@ -2,6 +2,8 @@
 
 use super::provision::call_failed;
 use super::*;
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
 
 pub async fn reconcile(
     claim: Arc<PersistentVolumeClaim>,
@@ -54,19 +56,18 @@ pub async fn reconcile(
         ShareEntry::Wait => return Ok(Action::requeue(shares::RECHECK)),
     };
 
-    // The cache check: the PV of this claim exists, so provisioning is done. A cache
-    // miss is confirmed live: the cache may lag our own create by a moment, and a
-    // second provision would count and announce the volume twice.
+    // The PV of this claim exists, so provisioning is done: the cache says so, or this
+    // process created it a moment ago (the cache may lag our own create, and the
+    // binder's edits of the claim that trigger this reconcile come first). No live read:
+    // a PV the cache cannot show yet (an earlier leader's, made a moment before the
+    // failover) is found by the create's 409 after the module, idempotent by PV name,
+    // answered the same volume.
     let pv_name = volume_name_for(&claim);
-    let existing = match ctx.volume(&pv_name) {
-        Some(pv) => Some(pv),
-        None => Api::<PersistentVolume>::all(ctx.client.clone())
-            .get_opt(&pv_name)
-            .await
-            .map_err(|e| Error::api(&claim, e))?
-            .map(Arc::new),
+    let published = match ctx.volume(&pv_name) {
+        Some(pv) => decide::existing_pv_is_this_claims(&pv, &claim),
+        None => ctx.recent.was_created(&pv_name),
     };
-    if existing.is_some_and(|pv| decide::existing_pv_is_this_claims(&pv, &claim)) {
+    if published {
         remove_claim_finalizer(&ctx, &claim).await?;
         ctx.claim_retries.forget(&key);
         return Ok(resync(&ctx));
@@ -125,7 +126,7 @@ pub async fn reconcile(
         None => None,
     };
 
-    let request = request::provision_request(&claim, &class, node.as_deref())?;
+    let request = request::provision_request(&claim, &class, node.as_deref().map(|n| &n.metadata))?;
     match call(
         &ctx,
         &module,
@@ -242,20 +243,20 @@ async fn node_cached_or_live(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     name: &str,
-) -> Result<Option<Arc<k8s_openapi::api::core::v1::Node>>, Error> {
+) -> Result<Option<Arc<PartialObjectMeta<Node>>>, Error> {
     if let Some(node) = ctx.node(name) {
         return Ok(Some(node));
     }
-    Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone())
-        .get_opt(name)
+    Api::<Node>::all(ctx.client.clone())
+        .get_metadata_opt(name)
         .await
         .map(|node| node.map(Arc::new))
         .map_err(|e| Error::api(claim, e))
 }
 
 /// A node that is gone, as far as a provision request can tell: its name only.
-fn vanished_node(name: &str) -> k8s_openapi::api::core::v1::Node {
-    k8s_openapi::api::core::v1::Node {
+fn vanished_node(name: &str) -> PartialObjectMeta<Node> {
+    PartialObjectMeta {
         metadata: kube::api::ObjectMeta {
             name: Some(name.to_string()),
             ..Default::default()
