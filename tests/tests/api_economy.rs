@@ -113,7 +113,17 @@ async fn a_claim_waiting_for_its_node_costs_no_request() -> anyhow::Result<()> {
         .await?;
     // Resynced every second: each resync is a reconcile of the waiting claim.
     let host = fx.host(&["--resync-period=1s"]);
-    fx.claim("waiting", &class, "1Gi", json!({})).await?;
+    // Already announced to this provisioner, as a claim is once it was scheduled and
+    // sent back to the scheduler (the binder keeps the annotation): the host's claim,
+    // waiting for a node.
+    fx.claim(
+        "waiting",
+        &class,
+        "1Gi",
+        json!({ "metadata": { "annotations": {
+            "volume.kubernetes.io/storage-provisioner": fx.provisioner } } }),
+    )
+    .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = requests(&host)?;
     tokio::time::sleep(Duration::from_secs(6)).await;
