@@ -1,21 +1,49 @@
 //! Events on claims and volumes, with upstream's reason strings. Publishing an Event
 //! never fails an operation: a refused Event is logged and the work goes on.
+//!
+//! Nor does it hold the operation up: an Event is written by a task of its own, so a
+//! worker goes on with the claim (and the next one) while the Event is on its way; the
+//! two Events of a provisioned volume are off its critical path (issue 11.3). At most
+//! [`MAX_IN_FLIGHT`] Events are on their way at once; past that, publishing waits for
+//! one to finish (back-pressure, not an unbounded queue, when the API server is slow).
+//! On shutdown, [`EventSink::flush`] lets the last ones finish.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder};
+use tokio::sync::Semaphore;
 use tracing::warn;
 
 /// Events API limit on a note.
 const MAX_NOTE_BYTES: usize = 1024;
 
+/// Events being written at once.
+const MAX_IN_FLIGHT: u32 = 256;
+
 pub struct EventSink {
     recorder: Recorder,
+    in_flight: Arc<Semaphore>,
 }
 
 impl EventSink {
     pub fn new(recorder: Recorder) -> Self {
-        Self { recorder }
+        Self {
+            recorder,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize)),
+        }
+    }
+
+    /// Waits (at most `timeout`) until every Event on its way is written.
+    pub async fn flush(&self, timeout: Duration) {
+        if tokio::time::timeout(timeout, self.in_flight.acquire_many(MAX_IN_FLIGHT))
+            .await
+            .is_err()
+        {
+            warn!("some Events were still being written at shutdown");
+        }
     }
 
     /// A Normal Event on a claim.
@@ -107,14 +135,21 @@ impl EventSink {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, &reference).await {
-            warn!(
-                %error,
-                reason,
-                object = reference.name.as_deref().unwrap_or_default(),
-                "could not record an Event; check the host's RBAC on events.k8s.io events"
-            );
-        }
+        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                warn!(
+                    %error,
+                    reason = event.reason,
+                    object = reference.name.as_deref().unwrap_or_default(),
+                    "could not record an Event; check the host's RBAC on events.k8s.io events"
+                );
+            }
+            drop(permit);
+        });
     }
 }
 

@@ -341,6 +341,7 @@ pub async fn run(
         }
     };
     futures::future::join4(claim_loop, volume_loop, readiness, depth).await;
+    context.events.flush(Duration::from_secs(5)).await;
     watcher_stop.cancel();
     health
         .ready

@@ -2,7 +2,9 @@
 //! others.
 //!
 //! A controller has `--threads` workers (kube-runtime's concurrency). A reconcile that
-//! calls a module holds one of them for the whole call: without a bound, 32 claims of a
+//! calls a module holds one of them for the whole call (from before the first call of
+//! the reconcile until the provision or delete call returns; the API writes after it
+//! need a worker, not the module): without a bound, 32 claims of a
 //! class whose module takes seconds occupy every worker, and a fast module's claim waits
 //! behind all of them. So each module may hold at most
 //! [`share_limit`]`(threads, maxConcurrentCalls)` workers at once: its
@@ -18,7 +20,7 @@
 //! Several slow modules can still together hold every worker (each within its share);
 //! raise `--threads` when many modules are slow at once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,10 +52,28 @@ pub struct WorkerShares<K: kube::Resource<DynamicType = ()>> {
 
 struct Share<K: kube::Resource<DynamicType = ()>> {
     running: usize,
+    /// The waiting objects in order of arrival; an entry no longer in `queued` (the
+    /// object entered since) is skipped.
     waiting: VecDeque<ObjectRef<K>>,
+    /// The objects waiting: membership in O(1), so a storm of thousands of waiting
+    /// claims costs no scan per attempt.
+    queued: HashSet<ObjectRef<K>>,
 }
 
-/// One worker of a module's share, held for the rest of a reconcile.
+impl<K: kube::Resource<DynamicType = ()>> Share<K> {
+    /// The first object still waiting, taken out of the queue.
+    fn next_waiting(&mut self) -> Option<ObjectRef<K>> {
+        while let Some(next) = self.waiting.pop_front() {
+            if self.queued.remove(&next) {
+                return Some(next);
+            }
+        }
+        None
+    }
+}
+
+/// One worker of a module's share, held until the module's call returns (dropped then,
+/// or when the reconcile ends).
 pub struct SharePermit<K: kube::Resource<DynamicType = ()>> {
     shares: Arc<WorkerShares<K>>,
     module: String,
@@ -92,13 +112,14 @@ impl<K: kube::Resource<DynamicType = ()>> WorkerShares<K> {
         let share = modules.entry(module.to_string()).or_insert_with(|| Share {
             running: 0,
             waiting: VecDeque::new(),
+            queued: HashSet::new(),
         });
         let entered = if share.running < limit {
             share.running += 1;
-            share.waiting.retain(|waiting| *waiting != object);
+            share.queued.remove(&object);
             true
         } else {
-            if !share.waiting.contains(&object) {
+            if share.queued.insert(object.clone()) {
                 share.waiting.push_back(object);
             }
             false
@@ -114,7 +135,7 @@ impl<K: kube::Resource<DynamicType = ()>> WorkerShares<K> {
     pub fn waiting(&self, module: &str) -> usize {
         self.lock()
             .get(module)
-            .map_or(0, |share| share.waiting.len())
+            .map_or(0, |share| share.queued.len())
     }
 
     /// Workers `module` holds now.
@@ -125,7 +146,7 @@ impl<K: kube::Resource<DynamicType = ()>> WorkerShares<K> {
     fn set_gauge(&self, module: &str, share: &Share<K>) {
         self.waiting_gauge
             .with_label_values(&[module, self.queue])
-            .set(share.waiting.len() as i64);
+            .set(share.queued.len() as i64);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Share<K>>> {
@@ -142,14 +163,14 @@ impl<K: kube::Resource<DynamicType = ()>> Drop for SharePermit<K> {
             return;
         };
         share.running = share.running.saturating_sub(1);
-        if let Some(next) = share.waiting.pop_front() {
+        if let Some(next) = share.next_waiting() {
             let _ = shares.wake.unbounded_send(next);
         }
         shares
             .waiting_gauge
             .with_label_values(&[self.module.as_str(), shares.queue])
-            .set(share.waiting.len() as i64);
-        if share.running == 0 && share.waiting.is_empty() {
+            .set(share.queued.len() as i64);
+        if share.running == 0 && share.queued.is_empty() {
             modules.remove(&self.module);
         }
     }

@@ -175,7 +175,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     // The module's share of the volume workers (see `shares`): a volume whose module
     // holds all of it waits in the module's own queue, before any API request, without
     // an Event or a failed attempt. A module that cannot be told is handled below.
-    let _share = match module_for(ctx, pv) {
+    let share = match module_for(ctx, pv) {
         Ok(module) => match ctx.volume_shares.try_enter(
             module.name(),
             module.limits().max_concurrent_calls,
@@ -226,6 +226,8 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
         .fenced("guest delete call", module.delete(&request))
         .await;
     drop(in_flight);
+    // The module answered: its share of the workers goes to its next volume.
+    drop(share);
     let answer = answer?;
     observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
     match answer {

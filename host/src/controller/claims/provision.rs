@@ -28,6 +28,7 @@ pub(super) async fn provision(
     class: &StorageClass,
     module: &LoadedModule,
     request: ProvisionRequest,
+    share: Option<shares::SharePermit<PersistentVolumeClaim>>,
 ) -> Result<Action, Error> {
     let claim_key = ClaimView(claim).key();
     let gauge = ctx.metrics.in_flight.with_label_values(&["provision"]);
@@ -54,6 +55,8 @@ pub(super) async fn provision(
         .leadership
         .fenced("guest provision call", module.provision(&request))
         .await?;
+    // The module answered: its share of the workers goes to its next claim.
+    drop(share);
     observe_call(
         ctx,
         module,

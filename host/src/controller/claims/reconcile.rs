@@ -49,8 +49,9 @@ pub async fn reconcile(
     // The module's share of the workers: when it holds all of it, the claim waits in the
     // module's own queue (no failed attempt, no Event), and this worker goes on with
     // other claims. Checked before the live PV read below, so a waiting claim costs no
-    // API request. Held until the reconcile ends.
-    let _share = match enter_share(&ctx, &claim, class.as_deref()) {
+    // API request. Held until the module's provision call returns (the PV create and
+    // the finalizer removal after it need a worker, not the module).
+    let share = match enter_share(&ctx, &claim, class.as_deref()) {
         ShareEntry::Entered(permit) => Some(permit),
         ShareEntry::NoModule => None,
         ShareEntry::Wait => return Ok(Action::requeue(shares::RECHECK)),
@@ -144,7 +145,7 @@ pub async fn reconcile(
         Err(source) => return Err(call_failed(&ctx, &claim, &class, source).await),
     }
 
-    provision(&ctx, &claim, &class, &module, request).await
+    provision(&ctx, &claim, &class, &module, request, share).await
 }
 
 /// Whether a claim may use a worker for its module now.
