@@ -270,6 +270,51 @@ pub struct RunFigures {
     pub guest_share: Option<f64>,
     /// Bound claims over time: seconds since the first create, sorted.
     pub bound_at: Vec<f64>,
+    /// The start run: the host started over N bound claims and PVs.
+    pub start: Option<StartFigures>,
+}
+
+/// A host started over N bound claims and PVs of its own.
+#[derive(Clone, Debug, Default)]
+pub struct StartFigures {
+    /// Seconds from the process start until `/readyz` said ready (caches synced).
+    pub ready_s: f64,
+    /// Its requests from the start until they settled (lists only, if it reads nothing
+    /// the caches hold).
+    pub requests: Requests,
+    /// Resident memory once settled.
+    pub rss_bytes: Option<u64>,
+}
+
+/// The start runs' table.
+pub fn start_table(runs: &[RunFigures]) -> String {
+    let mut out = String::from(
+        "| run | claims and PVs | ready in | requests while starting (by verb and resource) | RSS after start |\n\
+         |---|---|---|---|---|\n",
+    );
+    for run in runs {
+        let Some(start) = &run.start else { continue };
+        let mut requests: Vec<String> = start
+            .requests
+            .by_kind()
+            .iter()
+            .map(|((verb, resource), (count, _))| format!("{count:.0} {verb} {resource}"))
+            .collect();
+        if requests.is_empty() {
+            requests.push("none".into());
+        }
+        let rss = |bytes: u64| format!("{:.0} MiB", bytes as f64 / (1024.0 * 1024.0));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} s | {} | {} |",
+            run.run,
+            run.claims,
+            start.ready_s,
+            requests.join(", "),
+            start.rss_bytes.map(rss).unwrap_or_else(|| "-".into()),
+        );
+    }
+    out
 }
 
 impl RunFigures {

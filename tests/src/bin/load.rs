@@ -38,7 +38,8 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     claims: usize,
 
-    /// Runs, in order: ceiling, defaults, unthrottled, go-defaults, or QPS/BURST/THREADS.
+    /// Runs, in order: ceiling, defaults, unthrottled, go-defaults, start, or
+    /// QPS/BURST/THREADS.
     #[arg(
         long,
         value_delimiter = ',',
@@ -106,11 +107,19 @@ impl RunSpec {
                 )
             }
             "go-defaults" => host(&limits(5, 10, 4), "QPS 5, burst 10, 4 threads".into()),
+            // N claims Bound to PVs as this host publishes them exist before the host
+            // starts (its defaults): its time to ready and its requests while starting.
+            "start" => host(
+                &[],
+                format!(
+                    "host started over N bound claims and PVs; QPS {DEFAULT_KUBE_API_QPS}, burst {DEFAULT_KUBE_API_BURST}, {DEFAULT_THREADS} threads"
+                ),
+            ),
             custom => {
                 let parts: Vec<&str> = custom.split('/').collect();
                 let [qps, burst, threads] = parts.as_slice() else {
                     bail!(
-                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults or QPS/BURST/THREADS"
+                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults, start or QPS/BURST/THREADS"
                     );
                 };
                 let (qps, burst, threads) = (qps.parse()?, burst.parse()?, threads.parse()?);
@@ -181,6 +190,10 @@ async fn main() -> anyhow::Result<()> {
         args.claims
     );
     report.push_str(&load::table(&figures));
+    if figures.iter().any(|run| run.start.is_some()) {
+        report.push('\n');
+        report.push_str(&load::start_table(&figures));
+    }
     for run in &figures {
         report.push('\n');
         report.push_str(&load::breakdown(run));
@@ -228,22 +241,24 @@ async fn run(
     // The ceiling's class names this fixture's provisioner too, which no host serves:
     // the controller-manager treats its claims as it treats the provisioned ones.
     let class = fixture.class("hostpath", &parameters, json!({})).await?;
-    let host = match &spec.host_flags {
-        Some(flags) => {
-            fixture.install_module("hostpath", "hostpath");
-            let mut host_args: Vec<String> =
-                vec!["--leader-elect=false".into(), "--log=info".into()];
-            host_args.extend(flags.iter().cloned());
-            Some(Host::start(&HostConfig {
-                kubeconfig: admin_kubeconfig(),
-                provisioner_name: fixture.provisioner.clone(),
-                modules: fixture.modules.clone(),
-                grants: Some(fixture.grants.clone()),
-                log_dir: fixture.root.join("logs"),
-                args: host_args,
-            })?)
+    let host_config = spec.host_flags.as_ref().map(|flags| {
+        fixture.install_module("hostpath", "hostpath");
+        let mut host_args: Vec<String> = vec!["--leader-elect=false".into(), "--log=info".into()];
+        host_args.extend(flags.iter().cloned());
+        HostConfig {
+            kubeconfig: admin_kubeconfig(),
+            provisioner_name: fixture.provisioner.clone(),
+            modules: fixture.modules.clone(),
+            grants: Some(fixture.grants.clone()),
+            log_dir: fixture.root.join("logs"),
+            args: host_args,
         }
-        None => None,
+    });
+    // The start run creates the bound claims and PVs first, then starts the host.
+    let starting = spec.name == "start";
+    let mut host = match &host_config {
+        Some(config) if !starting => Some(Host::start(config)?),
+        _ => None,
     };
     eprintln!(
         "run {} ({}): namespace {namespace}",
@@ -253,14 +268,17 @@ async fn run(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watches = watch(client, &namespace, seen.clone()).await?;
 
-    let host_before = host.as_ref().map(host_requests).transpose()?;
-    let cpu_before = host.as_ref().and_then(|h| cpu_seconds(h.pid()));
+    let mut host_before = host.as_ref().map(host_requests).transpose()?;
+    let mut cpu_before = host.as_ref().and_then(|h| cpu_seconds(h.pid()));
     let server_before = apiserver_requests(client).await?;
     let own_before = own_requests();
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let ceiling = host.is_none();
+    let ceiling = host_config.is_none();
+    // Bound PVs made by the benchmark: the ceiling's, and the start run's (published as
+    // the host would have).
+    let published_by = starting.then(|| fixture.provisioner.clone());
     let names: Vec<String> = (0..args.claims).map(|i| format!("load-{i:05}")).collect();
 
     // Create every claim (and, for the ceiling, its bound PV) at once.
@@ -268,20 +286,27 @@ async fn run(
     let progress = progress(&spec.name, args.claims, seen.clone(), started);
     futures::stream::iter(names.iter().cloned())
         .map(|name| {
-            let (claims, volumes, seen, class) =
-                (claims.clone(), volumes.clone(), seen.clone(), class.clone());
+            let (claims, volumes, seen, class, published_by) = (
+                claims.clone(),
+                volumes.clone(),
+                seen.clone(),
+                class.clone(),
+                published_by.clone(),
+            );
             async move {
                 seen.lock()
                     .unwrap()
                     .created
                     .insert(name.clone(), Instant::now());
                 let claim = claims
-                    .create(&PostParams::default(), &claim(&name, &class)?)
+                    .create(
+                        &PostParams::default(),
+                        &claim(&name, &class, published_by.as_deref())?,
+                    )
                     .await?;
-                if ceiling {
-                    volumes
-                        .create(&PostParams::default(), &bound_volume(&claim, &class)?)
-                        .await?;
+                if ceiling || published_by.is_some() {
+                    let volume = bound_volume(&claim, &class, published_by.as_deref())?;
+                    volumes.create(&PostParams::default(), &volume).await?;
                 }
                 anyhow::Ok(())
             }
@@ -294,6 +319,26 @@ async fn run(
         seen.lock().unwrap().bound.len() >= args.claims
     })
     .await;
+    // The start run: the host starts now, over N bound claims and PVs.
+    let mut start = None;
+    if starting && let Some(config) = &host_config {
+        let spawned = Instant::now();
+        let started_host = Host::start(config)?;
+        let ready_s = spawned.elapsed().as_secs_f64();
+        let requests = settled_requests(&started_host).await?;
+        start = Some(load::StartFigures {
+            ready_s,
+            requests: requests.clone(),
+            rss_bytes: started_host.rss_bytes(),
+        });
+        eprintln!(
+            "start: ready in {ready_s:.2} s over {} bound claims and PVs",
+            args.claims
+        );
+        host_before = Some(requests);
+        cpu_before = cpu_seconds(started_host.pid());
+        host = Some(started_host);
+    }
     // The provisioner's requests while provisioning: a claim is Bound as soon as its PV
     // exists, a moment before the provisioner's last edit of it, so wait until its
     // count stops moving.
@@ -341,6 +386,7 @@ async fn run(
         claims: args.claims,
         server,
         own_provisioning,
+        start,
         ..Default::default()
     };
     {
@@ -416,9 +462,19 @@ fn ceiling_volume_name(namespace: &str, name: &str) -> String {
     format!("{namespace}-{name}")
 }
 
-fn claim(name: &str, class: &str) -> anyhow::Result<PersistentVolumeClaim> {
+/// A claim of `class`; for the start run, already announced to the provisioner, as
+/// the binder does.
+fn claim(
+    name: &str,
+    class: &str,
+    provisioner: Option<&str>,
+) -> anyhow::Result<PersistentVolumeClaim> {
+    let annotations = match provisioner {
+        Some(provisioner) => json!({ "volume.kubernetes.io/storage-provisioner": provisioner }),
+        None => json!({}),
+    };
     Ok(serde_json::from_value(json!({
-        "metadata": { "name": name },
+        "metadata": { "name": name, "annotations": annotations },
         "spec": {
             "accessModes": ["ReadWriteOnce"],
             "storageClassName": class,
@@ -428,17 +484,45 @@ fn claim(name: &str, class: &str) -> anyhow::Result<PersistentVolumeClaim> {
 }
 
 /// The ceiling's PV: bound to `claim` by claimRef (uid included), as a provisioner would
-/// create it; Retain, since no provisioner deletes it (the benchmark does).
-fn bound_volume(claim: &PersistentVolumeClaim, class: &str) -> anyhow::Result<PersistentVolume> {
+/// create it; Retain, since no provisioner deletes it (the benchmark does). For the start
+/// run (`published_by`), the PV as the host publishes it: its name, annotations,
+/// finalizer and policy Delete, so the host deletes it when its claim goes.
+fn bound_volume(
+    claim: &PersistentVolumeClaim,
+    class: &str,
+    published_by: Option<&str>,
+) -> anyhow::Result<PersistentVolume> {
     let name = claim.name_any();
+    let (metadata, policy, path) = match published_by {
+        Some(provisioner) => {
+            let volume = format!("pvc-{}", claim.uid().unwrap_or_default());
+            (
+                json!({
+                    "name": volume,
+                    "annotations": {
+                        "pv.kubernetes.io/provisioned-by": provisioner,
+                        "wasm-provisioner.dev/module": "hostpath",
+                    },
+                    "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+                }),
+                "Delete",
+                format!("/srv/load/{volume}"),
+            )
+        }
+        None => (
+            json!({ "name": ceiling_volume_name(&claim.namespace().unwrap_or_default(), &name) }),
+            "Retain",
+            format!("/srv/load/{name}"),
+        ),
+    };
     Ok(serde_json::from_value(json!({
-        "metadata": { "name": ceiling_volume_name(&claim.namespace().unwrap_or_default(), &name) },
+        "metadata": metadata,
         "spec": {
             "accessModes": ["ReadWriteOnce"],
             "capacity": { "storage": "1Gi" },
             "storageClassName": class,
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": { "path": format!("/srv/load/{name}") },
+            "persistentVolumeReclaimPolicy": policy,
+            "hostPath": { "path": path },
             "claimRef": {
                 "apiVersion": "v1",
                 "kind": "PersistentVolumeClaim",
