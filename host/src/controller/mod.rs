@@ -239,9 +239,10 @@ pub async fn run(
     let (claim_shares, claim_wakeups) =
         WorkerShares::new("claims", settings.threads, metrics.module_waiting.clone());
     let (claims, claims_writer) = reflector::store();
-    let claim_controller = Controller::for_stream(cached(claims_api, claims_writer), claims.clone())
-        .with_config(config.clone())
-        .reconcile_on(claim_wakeups);
+    let claim_controller =
+        Controller::for_stream(cached(claims_api, claims_writer), claims.clone())
+            .with_config(config.clone())
+            .reconcile_on(claim_wakeups);
     // A class change (for example a fixed parameter) retries its claims at once,
     // resetting infeasible back-off.
     let claims_for_class = claims.clone();
