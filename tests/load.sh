@@ -4,7 +4,7 @@
 # each run creates N claims at once and deletes them, and prints the figures (see the
 # README's "Load benchmark").
 #
-#   bash tests/load.sh [--release] [--claims N] [--runs ceiling,defaults,unthrottled]
+#   bash tests/load.sh [--release] [--claims N] [--runs ceiling,defaults,unthrottled,start]
 #                      [--threads T] [--concurrency C] [--out DIR]
 #
 # `--release` builds optimised (a second full build of the dependencies the first time);

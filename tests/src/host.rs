@@ -186,16 +186,7 @@ impl Host {
 
     /// Resident memory (VmRSS) of the running host, from `/proc`.
     pub fn rss_bytes(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let kib: u64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
+        proc_status_bytes(self.child.id(), "VmRSS")
     }
 
     /// SIGKILL, as `kill -9` would.
@@ -228,4 +219,19 @@ impl Drop for Host {
             self.kill();
         }
     }
+}
+
+/// A memory figure of process `pid` from `/proc/PID/status` (`VmRSS`, `VmHWM`, ...), in
+/// bytes.
+pub fn proc_status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }

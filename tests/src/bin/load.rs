@@ -28,7 +28,7 @@ use serde_json::json;
 use wasm_provisioner::run::{DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, DEFAULT_THREADS};
 use wasm_provisioner_tests::cluster::{admin_config, admin_kubeconfig};
 use wasm_provisioner_tests::fixture::Fixture;
-use wasm_provisioner_tests::host::{Host, HostConfig};
+use wasm_provisioner_tests::host::{Host, HostConfig, proc_status_bytes};
 use wasm_provisioner_tests::load::{self, Requests, RunFigures, parse_samples};
 
 #[derive(Debug, Parser)]
@@ -422,7 +422,7 @@ async fn run(
         figures.cpu_s = cpu_seconds(host.pid())
             .zip(cpu_before)
             .map(|(after, before)| after - before);
-        figures.peak_rss_bytes = peak_rss(host.pid());
+        figures.peak_rss_bytes = proc_status_bytes(host.pid(), "VmHWM");
         let guest = load::histogram_sum(
             &samples,
             "wasm_provisioner_guest_call_duration_seconds",
@@ -711,19 +711,6 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// The peak resident set size (VmHWM) of process `pid`.
-fn peak_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
 fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let memory_gib = std::fs::read_to_string("/proc/meminfo")
