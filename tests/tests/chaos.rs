@@ -937,12 +937,7 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
 
 /// Churn: create/delete cycles of claims in small batches. The host must not keep
 /// per-claim state: RSS is measured after the first 500 cycles and at the end, and the
-/// figures are reported. Known growth that is not a leak: kube-runtime's Event recorder
-/// keeps every Event it sent for six minutes (`CACHE_TTL`, for aggregation), about
-/// three Events of ~1.5 KB per cycle, so RSS rises by ~4.6 KB per cycle while the churn
-/// is younger than that (measured: 3000 cycles in 168 s, 60.1 -> 71.2 MiB). Bound: 8 KiB
-/// per cycle after the first 500; keeping a claim object (or more) per cycle would
-/// exceed it.
+/// end must be within 10% of the first (issue 10.8), with both figures reported.
 #[tokio::test]
 async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
@@ -982,10 +977,9 @@ async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
             rss_end.saturating_sub(rss_warm) / (cycles - warm).max(1) as u64
         ),
     );
-    let per_cycle = rss_end.saturating_sub(rss_warm) / (cycles - warm).max(1) as u64;
     ensure!(
-        per_cycle <= 8192,
-        "RSS grew from {:.1} MiB to {:.1} MiB over the churn: {per_cycle} bytes per cycle",
+        rss_end as f64 <= rss_warm as f64 * 1.10,
+        "RSS grew from {:.1} MiB after {warm} cycles to {:.1} MiB after {cycles}: more than 10%",
         mib(rss_warm),
         mib(rss_end)
     );
