@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{DeleteParams, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -279,14 +279,34 @@ impl VolumeLedger {
         (ledger, task)
     }
 
-    fn recreated(&self) -> Vec<String> {
-        self.0
+    /// No PV name was created twice (no create -> delete -> create of one claim's PV).
+    fn none_recreated(&self) -> anyhow::Result<()> {
+        let recreated: Vec<String> = self
+            .0
             .lock()
             .expect("ledger")
             .iter()
             .filter(|(_, uids)| uids.len() > 1)
             .map(|(name, _)| name.clone())
-            .collect()
+            .collect();
+        ensure!(
+            recreated.is_empty(),
+            "PVs created more than once: {recreated:?}"
+        );
+        Ok(())
+    }
+
+    /// `n` claims got exactly `n` PVs (once the watch has seen them all), none of them
+    /// created twice.
+    async fn each_pv_created_once(&self, n: usize) -> anyhow::Result<()> {
+        wait_for(
+            "the watch to see every PV",
+            Duration::from_secs(30),
+            || async { Ok((self.created() >= n).then_some(())) },
+        )
+        .await?;
+        ensure!(self.created() == n, "{} PVs for {n} claims", self.created());
+        self.none_recreated()
     }
 
     fn created(&self) -> usize {
@@ -463,22 +483,7 @@ async fn leader_kill_storm() -> anyhow::Result<()> {
     let refs: Vec<&Host> = hosts.iter().map(|(_, h)| h).collect();
     wait_all_bound(&fx, n, Duration::from_secs(300), &logs(&refs)).await?;
     let all_bound_at = started.elapsed();
-    wait_for(
-        "the watch to see every PV",
-        Duration::from_secs(30),
-        || async { Ok((ledger.created() >= n).then_some(())) },
-    )
-    .await?;
-    ensure!(
-        ledger.created() == n,
-        "{} PVs for {n} claims",
-        ledger.created()
-    );
-    let recreated = ledger.recreated();
-    ensure!(
-        recreated.is_empty(),
-        "PVs created more than once: {recreated:?}"
-    );
+    ledger.each_pv_created_once(n).await?;
     backend_matches_volumes(&fx, &backend).await?;
     let overlaps = backend.overlaps()?;
     ensure!(
@@ -664,22 +669,7 @@ async fn api_server_restart_mid_storm() -> anyhow::Result<()> {
         "the host exited during the restart:\n{}",
         logs(&[&host])
     );
-    wait_for(
-        "the watch to see every PV",
-        Duration::from_secs(30),
-        || async { Ok((ledger.created() >= n).then_some(())) },
-    )
-    .await?;
-    ensure!(
-        ledger.created() == n,
-        "{} PVs for {n} claims",
-        ledger.created()
-    );
-    let recreated = ledger.recreated();
-    ensure!(
-        recreated.is_empty(),
-        "PVs created more than once: {recreated:?}"
-    );
+    ledger.each_pv_created_once(n).await?;
     backend_matches_volumes(&fx, &backend).await?;
     delete_all_claims(&fx, Duration::from_secs(300)).await?;
     ensure!(
@@ -785,11 +775,7 @@ async fn random_crash_points() -> anyhow::Result<()> {
     .await
     .with_context(|| logs(&[&host]))?;
     backend_matches_volumes(&fx, &backend).await?;
-    let recreated = ledger.recreated();
-    ensure!(
-        recreated.is_empty(),
-        "PVs created more than once: {recreated:?}"
-    );
+    ledger.none_recreated()?;
     ensure!(backend.overlaps()?.is_empty(), "overlapping backend calls");
     report(
         "random crash points (exit as kill -9 after any write, p=0.08, restarted each time)",
@@ -814,24 +800,8 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
     let nodes_n = scaled(2000);
     let claims_n = scaled(50);
     let mut fx = Fixture::new("chaos-nodes").await?;
-    let nodes: Api<Node> = Api::all(fx.ctx.client.clone());
     let prefix = fx.ctx.namespace.clone();
-    futures::stream::iter(0..nodes_n)
-        .map(|i| {
-            let nodes = nodes.clone();
-            let node = Node {
-                metadata: ObjectMeta {
-                    name: Some(format!("{prefix}-{i}")),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            async move { nodes.create(&PostParams::default(), &node).await }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>()
-        .await
-        .context("creating the nodes")?;
+    fx.create_nodes(&prefix, nodes_n).await?;
     fx.install_module("test-echo", "echo");
     let class = fx
         .class(
@@ -922,15 +892,7 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
         ),
     );
     drop(standby);
-    let names: Vec<String> = (0..nodes_n).map(|i| format!("{prefix}-{i}")).collect();
-    futures::stream::iter(names)
-        .map(|name| {
-            let nodes = nodes.clone();
-            async move { nodes.delete(&name, &DeleteParams::default()).await }
-        })
-        .buffer_unordered(32)
-        .for_each(|_| async {})
-        .await;
+    fx.delete_nodes(&prefix, nodes_n).await;
     fx.cleanup().await;
     Ok(())
 }
