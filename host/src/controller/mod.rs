@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -218,7 +218,7 @@ pub async fn run(
         .reconcile_on(volume_wakeups);
     let volumes = volume_controller.store();
 
-    let recorder = Recorder::new(
+    let events = EventSink::new(
         client.clone(),
         Reporter {
             controller: settings.provisioner_name.clone(),
@@ -246,7 +246,7 @@ pub async fn run(
         volumes: volumes.clone(),
         classes: classes.clone(),
         nodes: nodes.clone(),
-        events: EventSink::new(recorder),
+        events,
         metrics,
     });
 
