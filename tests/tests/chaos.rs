@@ -921,6 +921,13 @@ async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
             .await
             .with_context(|| logs(&[&host]))?;
         done = range.end;
+        if done % 500 == 0 {
+            let rss = host.rss_bytes().unwrap_or_default();
+            println!(
+                "churn: RSS {:.1} MiB after {done} cycles",
+                rss as f64 / 1048576.0
+            );
+        }
         if done >= warm && rss_warm == 0 {
             // Let the periodic sweep of retry state run once more before measuring.
             rss_warm = host.rss_bytes().context("the host's RSS")?;
