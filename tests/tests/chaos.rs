@@ -900,6 +900,11 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
 /// Churn: create/delete cycles of claims in small batches. The host must not keep
 /// per-claim state: RSS is measured after the first 500 cycles and at the end, and the
 /// end must be within 10% of the first (issue 10.8), with both figures reported.
+/// Measured (3000 cycles, 2 cores): 60.2 -> 71.5 MiB with kube-runtime's Event
+/// recorder (it kept every Event whole for six minutes); 55.7 -> 61.4 and 58.8 -> 63.9
+/// MiB with our bounded series cache; 53.4 -> 56.8 MiB with `MALLOC_ARENA_MAX=2`: most
+/// of what is left is glibc's per-thread arenas filling, and it levels off (63.6 ->
+/// 63.9 MiB over the last 500 cycles).
 #[tokio::test]
 async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
