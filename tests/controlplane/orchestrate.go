@@ -372,13 +372,7 @@ func (p *controlPlane) restart(name string) error {
 		if c.name != name {
 			continue
 		}
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(stopGrace):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
+		stopComponent(c)
 		fmt.Printf("restarting %s\n", name)
 		p.components = append(p.components[:i], p.components[i+1:]...)
 		if err := p.launch(name, c.args...); err != nil {
@@ -414,16 +408,21 @@ func (p *controlPlane) firstExited() (string, bool) {
 // stopAll stops components in reverse start order: SIGTERM, then SIGKILL after stopGrace.
 func (p *controlPlane) stopAll() {
 	for i := len(p.components) - 1; i >= 0; i-- {
-		c := p.components[i]
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(stopGrace):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
+		stopComponent(p.components[i])
 	}
 	_ = os.Remove(filepath.Join(p.dir, componentPIDs))
+}
+
+// stopComponent stops one component: SIGTERM, then SIGKILL after stopGrace; it returns
+// once the process has exited.
+func stopComponent(c *component) {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(stopGrace):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
 }
 
 // waitHTTP polls url until it answers 200, a component dies, or readyTimeout passes.

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -260,21 +261,42 @@ impl Fixture {
 
     /// Creates a Node object (no kubelet runs; it only has to exist and carry labels).
     pub async fn node(&self, name: &str) -> anyhow::Result<()> {
-        let node = Node {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                labels: Some(BTreeMap::from([(
-                    "kubernetes.io/hostname".to_string(),
-                    name.to_string(),
-                )])),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
         Api::<Node>::all(self.ctx.client.clone())
-            .create(&PostParams::default(), &node)
+            .create(&PostParams::default(), &node_object(name))
             .await?;
         Ok(())
+    }
+
+    /// Creates the Nodes `prefix-0..n` (with their `kubernetes.io/hostname` label), 32
+    /// requests in flight. Nodes are cluster-wide: the caller deletes them
+    /// ([`Fixture::delete_nodes`]).
+    pub async fn create_nodes(&self, prefix: &str, n: usize) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let nodes = nodes.clone();
+                let node = node_object(&format!("{prefix}-{i}"));
+                async move { nodes.create(&PostParams::default(), &node).await }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await
+            .context("creating the nodes")?;
+        Ok(())
+    }
+
+    /// Deletes the Nodes `prefix-0..n`, whatever is left of them (errors ignored).
+    pub async fn delete_nodes(&self, prefix: &str, n: usize) {
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let nodes = nodes.clone();
+                let name = format!("{prefix}-{i}");
+                async move { nodes.delete(&name, &DeleteParams::default()).await }
+            })
+            .buffer_unordered(32)
+            .for_each(|_| async {})
+            .await;
     }
 
     /// Deletes the classes this fixture made and the namespace.
@@ -319,5 +341,20 @@ pub fn merge(target: &mut serde_json::Value, extra: serde_json::Value) {
         }
         (target, extra) if !extra.is_null() => *target = extra,
         _ => {}
+    }
+}
+
+/// A Node named `name`, labelled `kubernetes.io/hostname=<name>` as kubelet labels it.
+fn node_object(name: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([(
+                "kubernetes.io/hostname".to_string(),
+                name.to_string(),
+            )])),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{DeleteParams, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -279,14 +279,34 @@ impl VolumeLedger {
         (ledger, task)
     }
 
-    fn recreated(&self) -> Vec<String> {
-        self.0
+    /// No PV name was created twice (no create -> delete -> create of one claim's PV).
+    fn none_recreated(&self) -> anyhow::Result<()> {
+        let recreated: Vec<String> = self
+            .0
             .lock()
             .expect("ledger")
             .iter()
             .filter(|(_, uids)| uids.len() > 1)
             .map(|(name, _)| name.clone())
-            .collect()
+            .collect();
+        ensure!(
+            recreated.is_empty(),
+            "PVs created more than once: {recreated:?}"
+        );
+        Ok(())
+    }
+
+    /// `n` claims got exactly `n` PVs (once the watch has seen them all), none of them
+    /// created twice.
+    async fn each_pv_created_once(&self, n: usize) -> anyhow::Result<()> {
+        wait_for(
+            "the watch to see every PV",
+            Duration::from_secs(30),
+            || async { Ok((self.created() >= n).then_some(())) },
+        )
+        .await?;
+        ensure!(self.created() == n, "{} PVs for {n} claims", self.created());
+        self.none_recreated()
     }
 
     fn created(&self) -> usize {
@@ -463,22 +483,7 @@ async fn leader_kill_storm() -> anyhow::Result<()> {
     let refs: Vec<&Host> = hosts.iter().map(|(_, h)| h).collect();
     wait_all_bound(&fx, n, Duration::from_secs(300), &logs(&refs)).await?;
     let all_bound_at = started.elapsed();
-    wait_for(
-        "the watch to see every PV",
-        Duration::from_secs(30),
-        || async { Ok((ledger.created() >= n).then_some(())) },
-    )
-    .await?;
-    ensure!(
-        ledger.created() == n,
-        "{} PVs for {n} claims",
-        ledger.created()
-    );
-    let recreated = ledger.recreated();
-    ensure!(
-        recreated.is_empty(),
-        "PVs created more than once: {recreated:?}"
-    );
+    ledger.each_pv_created_once(n).await?;
     backend_matches_volumes(&fx, &backend).await?;
     let overlaps = backend.overlaps()?;
     ensure!(
@@ -664,22 +669,7 @@ async fn api_server_restart_mid_storm() -> anyhow::Result<()> {
         "the host exited during the restart:\n{}",
         logs(&[&host])
     );
-    wait_for(
-        "the watch to see every PV",
-        Duration::from_secs(30),
-        || async { Ok((ledger.created() >= n).then_some(())) },
-    )
-    .await?;
-    ensure!(
-        ledger.created() == n,
-        "{} PVs for {n} claims",
-        ledger.created()
-    );
-    let recreated = ledger.recreated();
-    ensure!(
-        recreated.is_empty(),
-        "PVs created more than once: {recreated:?}"
-    );
+    ledger.each_pv_created_once(n).await?;
     backend_matches_volumes(&fx, &backend).await?;
     delete_all_claims(&fx, Duration::from_secs(300)).await?;
     ensure!(
@@ -785,11 +775,7 @@ async fn random_crash_points() -> anyhow::Result<()> {
     .await
     .with_context(|| logs(&[&host]))?;
     backend_matches_volumes(&fx, &backend).await?;
-    let recreated = ledger.recreated();
-    ensure!(
-        recreated.is_empty(),
-        "PVs created more than once: {recreated:?}"
-    );
+    ledger.none_recreated()?;
     ensure!(backend.overlaps()?.is_empty(), "overlapping backend calls");
     report(
         "random crash points (exit as kill -9 after any write, p=0.08, restarted each time)",
@@ -814,24 +800,8 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
     let nodes_n = scaled(2000);
     let claims_n = scaled(50);
     let mut fx = Fixture::new("chaos-nodes").await?;
-    let nodes: Api<Node> = Api::all(fx.ctx.client.clone());
     let prefix = fx.ctx.namespace.clone();
-    futures::stream::iter(0..nodes_n)
-        .map(|i| {
-            let nodes = nodes.clone();
-            let node = Node {
-                metadata: ObjectMeta {
-                    name: Some(format!("{prefix}-{i}")),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            async move { nodes.create(&PostParams::default(), &node).await }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>()
-        .await
-        .context("creating the nodes")?;
+    fx.create_nodes(&prefix, nodes_n).await?;
     fx.install_module("test-echo", "echo");
     let class = fx
         .class(
@@ -922,27 +892,19 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
         ),
     );
     drop(standby);
-    let names: Vec<String> = (0..nodes_n).map(|i| format!("{prefix}-{i}")).collect();
-    futures::stream::iter(names)
-        .map(|name| {
-            let nodes = nodes.clone();
-            async move { nodes.delete(&name, &DeleteParams::default()).await }
-        })
-        .buffer_unordered(32)
-        .for_each(|_| async {})
-        .await;
+    fx.delete_nodes(&prefix, nodes_n).await;
     fx.cleanup().await;
     Ok(())
 }
 
 /// Churn: create/delete cycles of claims in small batches. The host must not keep
 /// per-claim state: RSS is measured after the first 500 cycles and at the end, and the
-/// figures are reported. Known growth that is not a leak: kube-runtime's Event recorder
-/// keeps every Event it sent for six minutes (`CACHE_TTL`, for aggregation), about
-/// three Events of ~1.5 KB per cycle, so RSS rises by ~4.6 KB per cycle while the churn
-/// is younger than that (measured: 3000 cycles in 168 s, 60.1 -> 71.2 MiB). Bound: 8 KiB
-/// per cycle after the first 500; keeping a claim object (or more) per cycle would
-/// exceed it.
+/// end must be within 10% of the first (issue 10.8), with both figures reported.
+/// Measured (3000 cycles, 2 cores): 60.2 -> 71.5 MiB with kube-runtime's Event
+/// recorder (it kept every Event whole for six minutes); 55.7 -> 61.4 and 58.8 -> 63.9
+/// MiB with our bounded series cache; 53.4 -> 56.8 MiB with `MALLOC_ARENA_MAX=2`: most
+/// of what is left is glibc's per-thread arenas filling, and it levels off (63.6 ->
+/// 63.9 MiB over the last 500 cycles).
 #[tokio::test]
 async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
@@ -964,6 +926,13 @@ async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
             .await
             .with_context(|| logs(&[&host]))?;
         done = range.end;
+        if done % 500 == 0 {
+            let rss = host.rss_bytes().unwrap_or_default();
+            println!(
+                "churn: RSS {:.1} MiB after {done} cycles",
+                rss as f64 / 1048576.0
+            );
+        }
         if done >= warm && rss_warm == 0 {
             // Let the periodic sweep of retry state run once more before measuring.
             rss_warm = host.rss_bytes().context("the host's RSS")?;
@@ -982,10 +951,9 @@ async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
             rss_end.saturating_sub(rss_warm) / (cycles - warm).max(1) as u64
         ),
     );
-    let per_cycle = rss_end.saturating_sub(rss_warm) / (cycles - warm).max(1) as u64;
     ensure!(
-        per_cycle <= 8192,
-        "RSS grew from {:.1} MiB to {:.1} MiB over the churn: {per_cycle} bytes per cycle",
+        rss_end as f64 <= rss_warm as f64 * 1.10,
+        "RSS grew from {:.1} MiB after {warm} cycles to {:.1} MiB after {cycles}: more than 10%",
         mib(rss_warm),
         mib(rss_end)
     );

@@ -5,10 +5,7 @@
 //! WaitForFirstConsumer claims whose node exists.
 
 use anyhow::{Context as _, ensure};
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use wasm_provisioner_tests::fixture::Fixture;
 
@@ -16,29 +13,8 @@ const NODES: usize = 2000;
 const CLAIMS: usize = 20;
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
-async fn run(fx: &mut Fixture, nodes: &Api<Node>, prefix: &str) -> anyhow::Result<()> {
-    futures::stream::iter(0..NODES)
-        .map(|i| {
-            let node = Node {
-                metadata: ObjectMeta {
-                    name: Some(format!("{prefix}-{i}")),
-                    labels: Some(
-                        [(
-                            "kubernetes.io/hostname".to_string(),
-                            format!("{prefix}-{i}"),
-                        )]
-                        .into(),
-                    ),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            async move { nodes.create(&PostParams::default(), &node).await }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>()
-        .await
-        .context("creating the nodes")?;
+async fn run(fx: &mut Fixture, prefix: &str) -> anyhow::Result<()> {
+    fx.create_nodes(prefix, NODES).await?;
 
     fx.install_module("test-echo", "echo");
     let class = fx
@@ -85,19 +61,10 @@ async fn run(fx: &mut Fixture, nodes: &Api<Node>, prefix: &str) -> anyhow::Resul
 #[tokio::test]
 async fn a_full_cluster_start_keeps_every_selected_node() {
     let mut fx = Fixture::new("full-start").await.expect("a fixture");
-    let nodes: Api<Node> = Api::all(fx.ctx.client.clone());
     let prefix = format!("node-{}", fx.ctx.namespace);
-    let result = run(&mut fx, &nodes, &prefix).await;
+    let result = run(&mut fx, &prefix).await;
     // The nodes are cluster-wide: always removed.
-    let _ = futures::stream::iter(0..NODES)
-        .map(|i| {
-            let nodes = nodes.clone();
-            let name = format!("{prefix}-{i}");
-            async move { nodes.delete(&name, &DeleteParams::default()).await }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await;
+    fx.delete_nodes(&prefix, NODES).await;
     match result {
         Ok(()) => fx.cleanup().await,
         Err(error) => panic!("{error:?}"),

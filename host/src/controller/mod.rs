@@ -22,7 +22,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -264,7 +264,7 @@ pub async fn run(
             .with_config(config)
             .reconcile_on(volume_wakeups);
 
-    let recorder = Recorder::new(
+    let events = EventSink::new(
         client.clone(),
         Reporter {
             controller: settings.provisioner_name.clone(),
@@ -292,7 +292,7 @@ pub async fn run(
         volumes: volumes.clone(),
         classes: classes.clone(),
         nodes: nodes.clone(),
-        events: EventSink::new(recorder),
+        events,
         metrics,
         recent: recent::Recent::default(),
     });
