@@ -363,6 +363,25 @@ async fn failing_claim_is_given_up_after_the_threshold_then_retried_each_resync(
             .unwrap_or_default()
     };
     assert_eq!(failed_calls(), 4.0, "threshold + 1 attempts, as the seed");
+    // The four attempts' ProvisioningFailed Events are one Event whose series counts
+    // them (created once, then patched), as kube-runtime's Recorder and client-go do.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+    let attempts = wait_for("one ProvisioningFailed series of 4", WAIT, || async {
+        let attempts: Vec<_> = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("doomed"))
+            .filter(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
+            .filter(|e| !e.note.as_deref().unwrap_or_default().contains("gave up"))
+            .map(|e| e.series.map_or(1, |s| s.count))
+            .collect();
+        Ok((attempts == [4]).then_some(attempts))
+    })
+    .await?;
+    assert_eq!(attempts, [4]);
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(failed_calls(), 4.0, "no fast retry after giving up");
 
