@@ -319,7 +319,6 @@ impl EventSink {
 }
 
 impl Writer {
-
     /// Creates the Event, or patches the series it repeats.
     async fn write(
         &self,
