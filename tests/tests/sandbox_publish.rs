@@ -178,10 +178,26 @@ async fn run(fx: &mut Fixture) -> anyhow::Result<()> {
         claims.push((attack, volume));
     }
     for (attack, volume) in &claims {
-        let note = fx
-            .wait_claim_event(attack.claim, "ProvisioningFailed")
-            .await
-            .with_context(|| format!("attack {}\n{}", attack.claim, host.log_text()))?;
+        // The refusal's Event (an earlier one may say the class was not in the host's
+        // cache yet: a different note is an Event of its own).
+        let note = wait_for(
+            &format!(
+                "attack {}: a ProvisioningFailed Event naming a rule",
+                attack.claim
+            ),
+            WAIT,
+            || async {
+                let events = fx.events(&fx.ctx.namespace, attack.claim).await?;
+                Ok(events
+                    .into_iter()
+                    .find(|(reason, note)| {
+                        reason == "ProvisioningFailed" && note.contains("(rule ")
+                    })
+                    .map(|(_, note)| note))
+            },
+        )
+        .await
+        .with_context(|| format!("attack {}\n{}", attack.claim, host.log_text()))?;
         ensure!(
             note.contains(&format!("(rule {})", attack.rule)),
             "attack {}: the Event must name the rule {}: {note}",

@@ -3,9 +3,12 @@
 //!
 //! Events are events.k8s.io/v1 objects written as kube-runtime's `Recorder` writes them
 //! (the same names, fields and reporting controller/instance): the first occurrence is
-//! created; a repeat of the same type, reason and action on the same object within six
-//! minutes of the last one patches the first Event's `series` (count, last observed
-//! time) instead of creating another. Its note stays the first one.
+//! created; a repeat of the same type, reason, action **and note** on the same object
+//! within six minutes of the last one patches the first Event's `series` (count, last
+//! observed time) instead of creating another. Unlike the `Recorder`, whose series key
+//! leaves the note out (so a claim's first `ProvisioningFailed`, say "storage class not
+//! found", hid every later and different cause under its note), a different note starts
+//! an Event of its own, as client-go's event correlator keeps distinct messages apart.
 //!
 //! Why not the `Recorder` itself: it remembers every Event it sent, whole (~1.5 KB
 //! each, the note, both references and the metadata), for six minutes, with no bound
@@ -69,12 +72,13 @@ impl EventType {
 
 /// What makes two Events one series (kube-runtime's `EventKey` without the reporter,
 /// which is the same for every Event of this sink, and without a related object, which
-/// this sink never sets).
+/// this sink never sets; with the note, by its hash).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SeriesKey {
     type_: EventType,
     reason: String,
     action: String,
+    note: u64,
     api_version: Option<String>,
     kind: Option<String>,
     namespace: Option<String>,
@@ -83,11 +87,21 @@ struct SeriesKey {
 }
 
 impl SeriesKey {
-    fn new(type_: EventType, reason: &str, action: &str, regarding: &ObjectReference) -> Self {
+    fn new(
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+        regarding: &ObjectReference,
+    ) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        note.hash(&mut hasher);
         Self {
             type_,
             reason: reason.to_string(),
             action: action.to_string(),
+            note: hasher.finish(),
             api_version: regarding.api_version.clone(),
             kind: regarding.kind.clone(),
             namespace: regarding.namespace.clone(),
@@ -328,7 +342,8 @@ impl Writer {
         action: &str,
         note: String,
     ) -> Result<(), kube::Error> {
-        let key = SeriesKey::new(type_, reason, action, &reference);
+        let note = truncate(note);
+        let key = SeriesKey::new(type_, reason, action, &note, &reference);
         let now = Instant::now();
         let open = self.lock().get(&key, now);
         if let Some(mut series) = open {
@@ -386,7 +401,7 @@ impl Writer {
             reason: Some(reason.to_string()),
             event_time: Some(MicroTime(now)),
             regarding: Some(reference.clone()),
-            note: Some(truncate(note)),
+            note: Some(note),
             metadata: ObjectMeta {
                 namespace: Some(
                     reference
@@ -446,7 +461,33 @@ mod tests {
     }
 
     fn key(name: &str, reason: &str) -> SeriesKey {
-        SeriesKey::new(EventType::Warning, reason, "Provision", &claim(name))
+        SeriesKey::new(
+            EventType::Warning,
+            reason,
+            "Provision",
+            "note",
+            &claim(name),
+        )
+    }
+
+    #[test]
+    fn a_different_note_is_a_series_of_its_own() {
+        let first = SeriesKey::new(
+            EventType::Warning,
+            "ProvisioningFailed",
+            "Provision",
+            "storage class \"c\" not found",
+            &claim("a"),
+        );
+        let later = SeriesKey::new(
+            EventType::Warning,
+            "ProvisioningFailed",
+            "Provision",
+            "hostPath /: not granted (rule modules.m.volumes.hostPath)",
+            &claim("a"),
+        );
+        assert_ne!(first, later);
+        assert_eq!(first.clone(), first);
     }
 
     fn series(name: &str, count: i32, last_seen: Instant) -> Series {

@@ -36,7 +36,10 @@ pub async fn reconcile(
     // it that long), as the seed's informer resync does; an edit forgives it at once.
     ctx.claim_retries.given_up(&key, fingerprint(&claim));
 
-    let class = view.class_name().and_then(|name| ctx.class(&name));
+    let class = match view.class_name() {
+        Some(name) => class_cached_or_live(&ctx, &claim, &name).await?,
+        None => None,
+    };
     if let Some(class) = &class {
         ctx.claim_retries
             .class_changed(&key, &class.resource_version().unwrap_or_default());
@@ -235,6 +238,26 @@ pub(super) async fn resolve_module(
         claim: ClaimView(claim).key(),
         message,
     })
+}
+
+/// The claim's class from the cache; a miss is confirmed with a live read before the
+/// class counts as missing: the binder announced the claim to us because it saw the
+/// class, and our class watch may be a moment behind it (a class created just before
+/// its claims), which would otherwise be a false "not found" Warning Event and a
+/// failed attempt.
+async fn class_cached_or_live(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    name: &str,
+) -> Result<Option<Arc<StorageClass>>, Error> {
+    if let Some(class) = ctx.class(name) {
+        return Ok(Some(class));
+    }
+    Api::<StorageClass>::all(ctx.client.clone())
+        .get_opt(name)
+        .await
+        .map(|class| class.map(Arc::new))
+        .map_err(|e| Error::api(claim, e))
 }
 
 /// The selected node from the cache; a miss is confirmed with a live read before the
