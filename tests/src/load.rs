@@ -524,6 +524,31 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
     Ok(())
 }
 
+/// The host's own request count (`wasm_provisioner_kube_api_requests_total`).
+pub fn host_requests(host: &crate::host::Host) -> anyhow::Result<Requests> {
+    Ok(Requests::from_client(&parse_samples(
+        &host.get("/metrics")?.1,
+    )))
+}
+
+/// The host's request count once it stopped moving for `quiet` (a host at rest makes no
+/// request); an error after 30 such looks.
+pub async fn settled_requests(
+    host: &crate::host::Host,
+    quiet: std::time::Duration,
+) -> anyhow::Result<Requests> {
+    let mut last = host_requests(host)?;
+    for _ in 0..30 {
+        tokio::time::sleep(quiet).await;
+        let now = host_requests(host)?;
+        if now == last {
+            return Ok(now);
+        }
+        last = now;
+    }
+    anyhow::bail!("the host's requests never settled: {last:?}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,28 +12,7 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use wasm_provisioner_tests::fixture::Fixture;
-use wasm_provisioner_tests::host::Host;
-use wasm_provisioner_tests::load::{Requests, parse_samples};
-
-/// The host's own request count.
-fn requests(host: &Host) -> anyhow::Result<Requests> {
-    let (_, text) = host.get("/metrics")?;
-    Ok(Requests::from_client(&parse_samples(&text)))
-}
-
-/// The host's request count once it stopped moving for two seconds.
-async fn settled(host: &Host) -> anyhow::Result<Requests> {
-    let mut last = requests(host)?;
-    for _ in 0..30 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = requests(host)?;
-        if now == last {
-            return Ok(now);
-        }
-        last = now;
-    }
-    anyhow::bail!("the host's requests never settled: {last:?}")
-}
+use wasm_provisioner_tests::load::{host_requests, settled_requests};
 
 #[tokio::test]
 async fn a_volume_costs_five_writes_and_its_deletion_two_with_no_read_and_no_conflict()
@@ -45,7 +24,7 @@ async fn a_volume_costs_five_writes_and_its_deletion_two_with_no_read_and_no_con
         .class("hostpath", &[("nodePath", "/srv/economy")], json!({}))
         .await?;
     let host = fx.host(&[]);
-    let before = settled(&host).await?;
+    let before = settled_requests(&host, Duration::from_secs(2)).await?;
 
     let names: Vec<String> = (0..CLAIMS).map(|i| format!("economy-{i:02}")).collect();
     try_join_all(
@@ -58,7 +37,7 @@ async fn a_volume_costs_five_writes_and_its_deletion_two_with_no_read_and_no_con
     for name in &names {
         volumes.push(fx.wait_bound(name).await?.name_any());
     }
-    let provisioned = settled(&host).await?;
+    let provisioned = settled_requests(&host, Duration::from_secs(2)).await?;
     let provisioning = provisioned.since(&before);
     let per_volume = |n: f64| n / CLAIMS as f64;
     assert_eq!(
@@ -78,7 +57,9 @@ async fn a_volume_costs_five_writes_and_its_deletion_two_with_no_read_and_no_con
     for volume in &volumes {
         fx.wait_volume_gone(volume).await?;
     }
-    let deletion = settled(&host).await?.since(&provisioned);
+    let deletion = settled_requests(&host, Duration::from_secs(2))
+        .await?
+        .since(&provisioned);
     assert_eq!(
         (
             per_volume(deletion.writes()),
@@ -125,9 +106,9 @@ async fn a_claim_waiting_for_its_node_costs_no_request() -> anyhow::Result<()> {
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = requests(&host)?;
+    let before = host_requests(&host)?;
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let spent = requests(&host)?.since(&before);
+    let spent = host_requests(&host)?.since(&before);
     assert_eq!(
         spent.total(),
         0.0,

@@ -312,7 +312,7 @@ impl EventSink {
         let (reason, action) = (reason.to_string(), action.to_string());
         tokio::spawn(async move {
             if let Err(error) = writer
-                .write(reference.clone(), type_, &reason, &action, note)
+                .write(&reference, type_, &reason, &action, note)
                 .await
             {
                 warn!(
@@ -331,14 +331,14 @@ impl Writer {
     /// Creates the Event, or patches the series it repeats.
     async fn write(
         &self,
-        reference: ObjectReference,
+        reference: &ObjectReference,
         type_: EventType,
         reason: &str,
         action: &str,
         note: String,
     ) -> Result<(), kube::Error> {
         let note = truncate(note);
-        let key = SeriesKey::new(type_, reason, action, &note, &reference);
+        let key = SeriesKey::new(type_, reason, action, &note, reference);
         let now = Instant::now();
         let open = self.lock().get(&key, now);
         if let Some(mut series) = open {
@@ -365,7 +365,7 @@ impl Writer {
                 Err(error) => return Err(error),
             }
         }
-        let event = self.event(&reference, type_, reason, action, note);
+        let event = self.event(reference, type_, reason, action, note);
         let namespace = event.metadata.namespace.clone().unwrap_or_default();
         let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
         let created = events.create(&PostParams::default(), &event).await?;

@@ -268,7 +268,7 @@ async fn run(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watches = watch(client, &namespace, seen.clone()).await?;
 
-    let mut host_before = host.as_ref().map(host_requests).transpose()?;
+    let mut host_before = host.as_ref().map(load::host_requests).transpose()?;
     let mut cpu_before = host.as_ref().and_then(|h| cpu_seconds(h.pid()));
     let server_before = apiserver_requests(client).await?;
     let own_before = own_requests();
@@ -325,7 +325,7 @@ async fn run(
         let spawned = Instant::now();
         let started_host = Host::start(config)?;
         let ready_s = spawned.elapsed().as_secs_f64();
-        let requests = settled_requests(&started_host).await?;
+        let requests = load::settled_requests(&started_host, Duration::from_secs(1)).await?;
         start = Some(load::StartFigures {
             ready_s,
             requests: requests.clone(),
@@ -343,7 +343,9 @@ async fn run(
     // exists, a moment before the provisioner's last edit of it, so wait until its
     // count stops moving.
     let own_provisioning = match (&host, &host_before) {
-        (Some(host), Some(before)) => settled_requests(host).await?.since(before),
+        (Some(host), Some(before)) => load::settled_requests(host, Duration::from_secs(1))
+            .await?
+            .since(before),
         _ => own_requests().since(&own_before),
     };
 
@@ -677,26 +679,6 @@ fn own_requests() -> Requests {
 }
 
 /// The host's own requests so far.
-/// The host's request count once it stopped moving for a second (at most 30 s).
-async fn settled_requests(host: &Host) -> anyhow::Result<Requests> {
-    let mut last = host_requests(host)?;
-    for _ in 0..30 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = host_requests(host)?;
-        if now.total() == last.total() {
-            return Ok(now);
-        }
-        last = now;
-    }
-    Ok(last)
-}
-
-fn host_requests(host: &Host) -> anyhow::Result<Requests> {
-    Ok(Requests::from_client(&parse_samples(
-        &host.get("/metrics")?.1,
-    )))
-}
-
 /// User plus system CPU seconds of process `pid`.
 fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
