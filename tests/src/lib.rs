@@ -1,6 +1,7 @@
 //! Test support for wasm-provisioner's integration and end-to-end tests.
 //!
 //! - [`access`]: a host that runs with exactly the RBAC of `deploy/rbac.yaml` (or less).
+//! - [`cpu`]: where a load run's CPU goes (the machine, the control plane, the host).
 //! - [`cluster`]: a real control plane (etcd, kube-apiserver, kube-controller-manager),
 //!   admin and ServiceAccount clients, a fresh namespace per test.
 //! - [`guests`]: the guest components built from `guests/`.
@@ -14,6 +15,7 @@
 
 pub mod access;
 pub mod cluster;
+pub mod cpu;
 pub mod fixture;
 pub mod guests;
 pub mod host;

@@ -265,11 +265,19 @@ pub struct RunFigures {
     /// provisioner's, the controller-manager's.
     pub server: Requests,
     pub cpu_s: Option<f64>,
+    /// Where the CPU went from the first create until every claim was Bound.
+    pub cpu_provisioning: Option<crate::cpu::CpuUse>,
     pub peak_rss_bytes: Option<u64>,
     /// Guest seconds (should-provision + provision) / claim-to-volume seconds.
     pub guest_share: Option<f64>,
-    /// Bound claims over time: seconds since the first create, sorted.
+    /// Bound claims over time: seconds since the first create, sorted (drawn; the PVs
+    /// dashed).
     pub bound_at: Vec<f64>,
+    /// The stages before Bound, the same way: claims announced to their provisioner by
+    /// the controller-manager (its storage-provisioner annotation; none in the ceiling,
+    /// whose PVs are there first), and claims whose PV exists.
+    pub announced_at: Vec<f64>,
+    pub published_at: Vec<f64>,
     /// The start run: the host started over N bound claims and PVs.
     pub start: Option<StartFigures>,
 }
@@ -348,6 +356,79 @@ fn rate(count: usize, seconds: f64) -> f64 {
     } else {
         0.0
     }
+}
+
+/// Repeated runs: each run's claims/s, their median, and its share of the ceiling's
+/// median (the first run named `ceiling`).
+pub fn summary_table(runs: &[RunFigures]) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for run in runs {
+        if !names.contains(&run.run.as_str()) {
+            names.push(&run.run);
+        }
+    }
+    let rates = |name: &str| -> Vec<f64> {
+        runs.iter()
+            .filter(|run| run.run == name)
+            .map(RunFigures::claims_per_s)
+            .collect()
+    };
+    let ceiling = quantile(&rates("ceiling"), 0.5);
+    let mut out = String::from(
+        "Summary of the repeated runs: claims/s\n\
+         | run | each | median | of the ceiling's median |\n\
+         |---|---|---|---|\n",
+    );
+    for name in names {
+        let each = rates(name);
+        let median = quantile(&each, 0.5);
+        let share = if ceiling > 0.0 {
+            format!("{:.0}%", median / ceiling * 100.0)
+        } else {
+            "-".into()
+        };
+        let each: Vec<String> = each.iter().map(|rate| format!("{rate:.1}")).collect();
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {median:.1} | {share} |",
+            each.join(", ")
+        );
+    }
+    out
+}
+
+/// When each stage reached 1%, half and all of the claims, seconds since the first
+/// create: the controller-manager's announcement, the PV, Bound. Shows which side of the
+/// provisioner a storm waits on.
+pub fn stages_table(runs: &[RunFigures]) -> String {
+    let mut out = String::from(
+        "Stages, seconds since the first create when 1% / half / all of the claims got there\n\
+         | run | N | announced to the provisioner | PV exists | Bound |\n\
+         |---|---|---|---|---|\n",
+    );
+    for run in runs {
+        let stage = |at: &[f64]| {
+            if at.is_empty() {
+                return "-".to_string();
+            }
+            let when = |share: f64| {
+                let rank = (share * run.claims as f64).ceil().max(1.0) as usize;
+                at.get(rank - 1)
+                    .map_or_else(|| "-".to_string(), |t| format!("{t:.2}"))
+            };
+            format!("{} / {} / {}", when(0.01), when(0.5), when(1.0))
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            run.run,
+            run.claims,
+            stage(&run.announced_at),
+            stage(&run.published_at),
+            stage(&run.bound_at)
+        );
+    }
+    out
 }
 
 /// The figures as a Markdown table, one row per run.
@@ -487,7 +568,7 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
     let mut mesh = chart.configure_mesh();
     if text {
         mesh.x_desc("seconds since the claims were created")
-            .y_desc("claims Bound")
+            .y_desc("claims Bound (dashed: their PVs exist)")
             .label_style(("sans-serif", 15));
     } else {
         mesh.disable_x_axis().disable_y_axis();
@@ -503,6 +584,20 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
                 .enumerate()
                 .map(|(i, t)| (*t, (i + 1) as f64)),
         );
+        // The PVs as they appear, thin, under the run's Bound line.
+        let mut published = vec![(0.0, 0.0)];
+        published.extend(
+            run.published_at
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (*t, (i + 1) as f64)),
+        );
+        chart.draw_series(DashedLineSeries::new(
+            published,
+            6,
+            4,
+            color.stroke_width(1),
+        ))?;
         let series = chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?;
         if text {
             let label = format!("{} ({})", run.run, run.settings);
@@ -532,13 +627,16 @@ pub fn host_requests(host: &crate::host::Host) -> anyhow::Result<Requests> {
 }
 
 /// The host's request count once it stopped moving for `quiet` (a host at rest makes no
-/// request); an error after 30 such looks.
+/// request); an error when it keeps moving for 30 such looks and 15 minutes.
 pub async fn settled_requests(
     host: &crate::host::Host,
     quiet: std::time::Duration,
 ) -> anyhow::Result<Requests> {
+    // Long enough for a storm's Events, which trail the work.
+    let patience = quiet * 30 + std::time::Duration::from_secs(900);
+    let started = std::time::Instant::now();
     let mut last = host_requests(host)?;
-    for _ in 0..30 {
+    while started.elapsed() < patience {
         tokio::time::sleep(quiet).await;
         let now = host_requests(host)?;
         if now == last {
@@ -641,5 +739,51 @@ process_cpu_seconds_total 12.5
         plot(&png, "test", &[run]).unwrap();
         let bytes = std::fs::read(&png).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
+    }
+
+    fn run_binding(name: &str, claims: usize, all_bound_s: f64) -> RunFigures {
+        RunFigures {
+            run: name.into(),
+            claims,
+            bound: claims,
+            all_bound_s,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_summary_compares_medians_with_the_ceilings() {
+        let runs = [
+            run_binding("ceiling", 100, 1.0),
+            run_binding("unthrottled", 100, 2.0),
+            run_binding("ceiling", 100, 2.0),
+            run_binding("unthrottled", 100, 1.25),
+            run_binding("ceiling", 100, 0.5),
+            run_binding("unthrottled", 100, 4.0),
+        ];
+        let text = summary_table(&runs);
+        assert!(
+            text.contains("| ceiling | 100.0, 50.0, 200.0 | 100.0 | 100% |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| unthrottled | 50.0, 80.0, 25.0 | 50.0 | 50% |"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn stages_say_when_1_percent_half_and_all_got_there() {
+        let mut run = run_binding("unthrottled", 4, 4.0);
+        run.announced_at = vec![0.1, 0.2, 0.3, 0.4];
+        run.published_at = vec![1.0, 2.0, 3.0];
+        run.bound_at = vec![1.5, 2.5, 3.5, 4.0];
+        let text = stages_table(&[run]);
+        assert!(
+            text.contains(
+                "| unthrottled | 4 | 0.10 / 0.20 / 0.40 | 1.00 / 2.00 / - | 1.50 / 2.50 / 4.00 |"
+            ),
+            "{text}"
+        );
     }
 }

@@ -27,6 +27,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use wasm_provisioner::run::{DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, DEFAULT_THREADS};
 use wasm_provisioner_tests::cluster::{admin_config, admin_kubeconfig};
+use wasm_provisioner_tests::cpu::{self, CpuSample, process_cpu_seconds};
 use wasm_provisioner_tests::fixture::Fixture;
 use wasm_provisioner_tests::host::{Host, HostConfig, proc_status_bytes};
 use wasm_provisioner_tests::load::{self, Requests, RunFigures, parse_samples};
@@ -46,6 +47,12 @@ struct Args {
         default_value = "ceiling,defaults,unthrottled"
     )]
     runs: Vec<String>,
+
+    /// Makes the runs this many times over, interleaved, and adds a summary: each run's
+    /// median claims/s and its share of the ceiling's median (one run of each is noisy
+    /// on a small machine).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
 
     /// Workers (`--threads`) of the unthrottled run; default: the host's default.
     #[arg(long)]
@@ -136,6 +143,11 @@ impl RunSpec {
 #[derive(Default)]
 struct Seen {
     created: HashMap<String, Instant>,
+    /// Claims the controller-manager announced to their provisioner (its
+    /// storage-provisioner annotation), by name.
+    announced: HashMap<String, Instant>,
+    /// Claims whose PV exists (first seen), by claim name.
+    published: HashMap<String, Instant>,
     bound: HashMap<String, Instant>,
     claims_gone: HashMap<String, Instant>,
     /// PVs whose claimRef is in the run's namespace.
@@ -166,7 +178,8 @@ async fn main() -> anyhow::Result<()> {
 
     let mut figures = Vec::new();
     let mut fixtures = Vec::new();
-    for spec in &specs {
+    let rounds = std::iter::repeat_n(&specs, args.repeat.max(1)).flatten();
+    for spec in rounds {
         let mut fixture = Fixture::new(&format!("load-{}", spec.name)).await?;
         let result = run(&args, spec, &client, &mut fixture).await;
         fixtures.push(fixture);
@@ -193,6 +206,20 @@ async fn main() -> anyhow::Result<()> {
     if figures.iter().any(|run| run.start.is_some()) {
         report.push('\n');
         report.push_str(&load::start_table(&figures));
+    }
+    if args.repeat > 1 {
+        report.push('\n');
+        report.push_str(&load::summary_table(&figures));
+    }
+    report.push('\n');
+    report.push_str(&load::stages_table(&figures));
+    let cpu_rows: Vec<_> = figures
+        .iter()
+        .filter_map(|run| Some((run.run.clone(), run.claims, run.cpu_provisioning.clone()?)))
+        .collect();
+    if !cpu_rows.is_empty() {
+        report.push('\n');
+        report.push_str(&cpu::table(&cpu_rows));
     }
     for run in &figures {
         report.push('\n');
@@ -269,7 +296,7 @@ async fn run(
     let watches = watch(client, &namespace, seen.clone()).await?;
 
     let mut host_before = host.as_ref().map(load::host_requests).transpose()?;
-    let mut cpu_before = host.as_ref().and_then(|h| cpu_seconds(h.pid()));
+    let mut cpu_before = host.as_ref().and_then(|h| process_cpu_seconds(h.pid()));
     let server_before = apiserver_requests(client).await?;
     let own_before = own_requests();
 
@@ -282,6 +309,7 @@ async fn run(
     let names: Vec<String> = (0..args.claims).map(|i| format!("load-{i:05}")).collect();
 
     // Create every claim (and, for the ceiling, its bound PV) at once.
+    let cpu_started = CpuSample::take(host.as_ref().map(Host::pid));
     let started = Instant::now();
     let progress = progress(&spec.name, args.claims, seen.clone(), started);
     futures::stream::iter(names.iter().cloned())
@@ -319,6 +347,7 @@ async fn run(
         seen.lock().unwrap().bound.len() >= args.claims
     })
     .await;
+    let cpu_provisioning = CpuSample::take(host.as_ref().map(Host::pid)).since(&cpu_started);
     // The start run: the host starts now, over N bound claims and PVs.
     let mut start = None;
     if starting && let Some(config) = &host_config {
@@ -336,7 +365,7 @@ async fn run(
             args.claims
         );
         host_before = Some(requests);
-        cpu_before = cpu_seconds(started_host.pid());
+        cpu_before = process_cpu_seconds(started_host.pid());
         host = Some(started_host);
     }
     // The provisioner's requests while provisioning: a claim is Bound as soon as its PV
@@ -389,16 +418,22 @@ async fn run(
         server,
         own_provisioning,
         start,
+        cpu_provisioning: Some(cpu_provisioning),
         ..Default::default()
     };
     {
         let seen = seen.lock().unwrap();
-        let mut bound_at: Vec<f64> = seen
-            .bound
-            .values()
-            .map(|t| t.duration_since(started).as_secs_f64())
-            .collect();
-        bound_at.sort_by(f64::total_cmp);
+        let since_started = |times: &HashMap<String, Instant>| {
+            let mut at: Vec<f64> = times
+                .values()
+                .map(|t| t.saturating_duration_since(started).as_secs_f64())
+                .collect();
+            at.sort_by(f64::total_cmp);
+            at
+        };
+        let bound_at = since_started(&seen.bound);
+        figures.announced_at = since_started(&seen.announced);
+        figures.published_at = since_started(&seen.published);
         figures.bound = bound_at.len();
         figures.all_bound_s = bound_at.last().copied().unwrap_or_default();
         figures.bound_at = bound_at;
@@ -421,7 +456,7 @@ async fn run(
     if let Some(mut host) = host {
         let samples = parse_samples(&host.get("/metrics")?.1);
         figures.own = Requests::from_client(&samples).since(&host_before.unwrap_or_default());
-        figures.cpu_s = cpu_seconds(host.pid())
+        figures.cpu_s = process_cpu_seconds(host.pid())
             .zip(cpu_before)
             .map(|(after, before)| after - before);
         figures.peak_rss_bytes = proc_status_bytes(host.pid(), "VmHWM");
@@ -559,6 +594,17 @@ async fn watch(
                 }
                 Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) => {
                     let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+                    if claim
+                        .annotations()
+                        .contains_key("volume.kubernetes.io/storage-provisioner")
+                    {
+                        claims_seen
+                            .lock()
+                            .unwrap()
+                            .announced
+                            .entry(claim.name_any())
+                            .or_insert(now);
+                    }
                     if phase == Some("Bound") {
                         claims_seen
                             .lock()
@@ -599,7 +645,12 @@ async fn watch(
                 }
                 Ok(watcher::Event::Apply(volume) | watcher::Event::InitApply(volume)) => {
                     if ours(&volume) {
-                        seen.lock().unwrap().volumes.insert(volume.name_any());
+                        let mut seen = seen.lock().unwrap();
+                        seen.volumes.insert(volume.name_any());
+                        let claim = volume.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+                        if let Some(claim) = claim.and_then(|c| c.name.clone()) {
+                            seen.published.entry(claim).or_insert(now);
+                        }
                     }
                 }
                 Ok(watcher::Event::Delete(volume)) => {
@@ -678,21 +729,7 @@ fn own_requests() -> Requests {
     Requests::from_client(&parse_samples(&text))
 }
 
-/// The host's own requests so far.
-/// User plus system CPU seconds of process `pid`.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // fields after the command (which may hold spaces), from field 3 on
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    let ticks: f64 = command_output("getconf", &["CLK_TCK"])
-        .parse()
-        .unwrap_or(100.0);
-    Some((utime + stime) / ticks)
-}
-
-/// The peak resident set size (VmHWM) of process `pid`.
+/// The machine's size, for the report's first line.
 fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let memory_gib = std::fs::read_to_string("/proc/meminfo")
