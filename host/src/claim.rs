@@ -91,6 +91,14 @@ impl<'a> ClaimView<'a> {
             .filter(|v| !v.is_empty())
     }
 
+    /// Whether the binder is done with the claim: Bound (or Lost), not Pending. The
+    /// binder's last write of a bind is the claim's status; until then it may still
+    /// update the claim (with a resourceVersion precondition), so our edits wait.
+    pub fn binding_settled(&self) -> bool {
+        let phase = self.0.status.as_ref().and_then(|s| s.phase.as_deref());
+        !matches!(phase, None | Some("Pending"))
+    }
+
     /// Whether the claim is being deleted.
     pub fn is_deleting(&self) -> bool {
         self.0.metadata.deletion_timestamp.is_some()

@@ -4,12 +4,19 @@
 //! Event, the PV create, the ProvisioningSucceeded Event, the claim finalizer removed),
 //! no read and no 409; its deletion 2 writes (the PV delete, the PV finalizer removed),
 //! no read and no 409; a WaitForFirstConsumer claim waiting for its node costs nothing.
+//! The claim finalizer is removed only once the binder has bound the claim, so the edit
+//! neither races the binder's update nor makes it sync a Pending claim again.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::watcher;
 use serde_json::json;
 use wasm_provisioner_tests::fixture::Fixture;
 use wasm_provisioner_tests::load::{host_requests, settled_requests};
@@ -25,6 +32,7 @@ async fn a_volume_costs_five_writes_and_its_deletion_two_with_no_read_and_no_con
         .await?;
     let host = fx.host(&[]);
     let before = settled_requests(&host, Duration::from_secs(2)).await?;
+    let states = record_claim_states(&fx).await?;
 
     let names: Vec<String> = (0..CLAIMS).map(|i| format!("economy-{i:02}")).collect();
     try_join_all(
@@ -50,6 +58,27 @@ async fn a_volume_costs_five_writes_and_its_deletion_two_with_no_read_and_no_con
         "provisioning: writes per volume, reads, 409s; by kind: {:?}",
         provisioning.by_kind()
     );
+
+    // Every state the watch showed: once our finalizer was on, it stayed on until the
+    // claim was Bound, and it was gone after.
+    for (claim, seen) in states.lock().unwrap().iter() {
+        let added = seen.iter().position(|(finalizer, _)| *finalizer);
+        let added =
+            added.unwrap_or_else(|| panic!("{claim}: our finalizer was never seen: {seen:?}"));
+        let removed_early = seen[added..]
+            .iter()
+            .any(|(finalizer, phase)| !finalizer && phase != "Bound");
+        assert!(
+            !removed_early,
+            "{claim}: the finalizer went before the claim was Bound (finalizer, phase): {seen:?}"
+        );
+        assert_eq!(
+            seen.last()
+                .map(|(finalizer, phase)| (*finalizer, phase.as_str())),
+            Some((false, "Bound")),
+            "{claim}: (finalizer, phase) at the end: {seen:?}"
+        );
+    }
 
     let claims = fx.claims();
     let delete = DeleteParams::default();
@@ -79,6 +108,47 @@ async fn a_volume_costs_five_writes_and_its_deletion_two_with_no_read_and_no_con
     fx.cleanup().await;
     Ok(())
 }
+
+/// Each claim's states as the watch shows them, in order: (our finalizer on, phase).
+type ClaimStates = Arc<Mutex<BTreeMap<String, Vec<(bool, String)>>>>;
+
+/// Watches the fixture's claims from now on (listed first, so no state is missed).
+async fn record_claim_states(fx: &Fixture) -> anyhow::Result<ClaimStates> {
+    let states = ClaimStates::default();
+    let recorded = states.clone();
+    let (listed, ready) = tokio::sync::oneshot::channel();
+    let mut listed = Some(listed);
+    let mut stream = watcher(fx.claims(), watcher::Config::default()).boxed();
+    tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            let claim: PersistentVolumeClaim = match event {
+                Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) => claim,
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(listed) = listed.take() {
+                        let _ = listed.send(());
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            let finalizer = claim.finalizers().iter().any(|f| f == FINALIZER_CLAIM);
+            let phase = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            let mut states = recorded.lock().unwrap();
+            let seen = states.entry(claim.name_any()).or_default();
+            if seen.last() != Some(&(finalizer, phase.clone())) {
+                seen.push((finalizer, phase));
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), ready).await??;
+    Ok(states)
+}
+
+const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
 
 #[tokio::test]
 async fn a_claim_waiting_for_its_node_costs_no_request() -> anyhow::Result<()> {

@@ -194,7 +194,11 @@ async fn publish(
                     format!("Successfully provisioned volume {}", pv.name_any()),
                 )
                 .await;
-            remove_claim_finalizer(ctx, claim).await?;
+            // Our finalizer stays until the binder has bound the claim to this PV (the
+            // claim's next reconcile): removed now, it would race the binder's
+            // update of the claim and make it sync the Pending claim once more. The
+            // PV holds the backend volume from here on, so a claim deleted meanwhile
+            // only loses the finalizer (`cleanup`).
             ctx.claim_retries.forget(&key(claim));
             Ok(resync(ctx))
         }

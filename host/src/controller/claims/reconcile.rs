@@ -26,8 +26,15 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
 
-    // Bound or being bound: whatever we started is published; our finalizer can go.
-    if view.bound_volume().is_some() {
+    // Bound or being bound: whatever we started is published; our finalizer can go,
+    // once the binder is done with the claim (its status write is the last of a bind:
+    // an edit of ours before it would fail the binder's update with a conflict, and an
+    // edit of a Pending claim makes the binder sync it once more). The claim's own
+    // status change brings it back here.
+    if let Some(volume) = view.bound_volume() {
+        if volume == volume_name_for(&claim) && !view.binding_settled() {
+            return Ok(Action::await_change());
+        }
         remove_claim_finalizer(&ctx, &claim).await?;
         ctx.claim_retries.forget(&key);
         return Ok(resync(&ctx));
@@ -72,7 +79,7 @@ pub async fn reconcile(
         None => ctx.recent.was_created(&pv_name),
     };
     if published {
-        remove_claim_finalizer(&ctx, &claim).await?;
+        // The binder binds it next; the finalizer goes once it is Bound (above).
         ctx.claim_retries.forget(&key);
         return Ok(resync(&ctx));
     }
