@@ -20,12 +20,16 @@
 //! first (as client-go's Event correlator bounds its cache with an LRU of 4096); a
 //! forgotten series only means that its next repeat starts a new Event.
 //!
-//! Nor does publishing hold the operation up: an Event is written by a task of its own,
-//! so a worker goes on with the claim (and the next one) while the Event is on its way;
-//! the two Events of a provisioned volume are off its critical path (issue 11.3). At
-//! most [`MAX_IN_FLIGHT`] Events are on their way at once; past that, publishing waits
-//! for one to finish (back-pressure, not an unbounded queue, when the API server is
-//! slow). On shutdown, [`EventSink::flush`] lets the last ones finish.
+//! Nor does publishing hold the operation up: an Event is queued for a writer task, so a
+//! worker goes on with the claim (and the next one) while the Event is on its way; the
+//! two Events of a provisioned volume are off its critical path (issue 11.3). There are
+//! [`WRITERS`] writers, each writing one Event at a time (as client-go's recorder does),
+//! and a series always goes to the same writer, so its create comes before its patches.
+//! A few Event requests at once, not hundreds: in a storm the API server also serves the
+//! controller-manager's binder, whose binds are one request after another. A writer
+//! queues at most [`QUEUE`] Events; past that, publishing waits (back-pressure, not an
+//! unbounded queue, when the API server is slow). On shutdown, [`EventSink::flush`]
+//! writes what is queued, for at most its timeout.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,7 +42,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::Reporter;
 use kube::{Client, Resource};
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 /// Events API limit on a note.
@@ -51,8 +55,11 @@ const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 /// The most series remembered at once (client-go's `maxLruCacheEntries`).
 const MAX_SERIES: usize = 4096;
 
-/// Events being written at once.
-const MAX_IN_FLIGHT: u32 = 256;
+/// Writer tasks, each writing one Event at a time.
+const WRITERS: usize = 2;
+
+/// Events queued per writer before publishing waits (a storm of 2000 claims makes 4000).
+const QUEUE: usize = 4096;
 
 /// Normal or Warning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -186,8 +193,24 @@ impl SeriesCache {
 }
 
 pub struct EventSink {
-    writer: Arc<Writer>,
-    in_flight: Arc<Semaphore>,
+    /// One queue per writer task; a series' key picks its writer.
+    queues: Vec<mpsc::Sender<Job>>,
+}
+
+/// What a writer task is asked to do.
+enum Job {
+    Write(Box<Pending>),
+    /// Answer once everything queued before it is written.
+    Flush(oneshot::Sender<()>),
+}
+
+/// An Event to write.
+struct Pending {
+    reference: ObjectReference,
+    type_: EventType,
+    reason: String,
+    action: String,
+    note: String,
 }
 
 /// What writes the Events, shared by their tasks.
@@ -199,25 +222,34 @@ struct Writer {
 
 impl EventSink {
     /// Events reported as `reporter` (its controller is the provisioner name, its
-    /// instance this process's identity).
+    /// instance this process's identity). Starts the writer tasks (on the current Tokio
+    /// runtime); they end with the sink.
     pub fn new(client: Client, reporter: Reporter) -> Self {
-        Self {
-            writer: Arc::new(Writer {
-                client,
-                reporter,
-                cache: Mutex::new(SeriesCache::new(MAX_SERIES)),
-            }),
-            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize)),
-        }
+        let writer = Arc::new(Writer {
+            client,
+            reporter,
+            cache: Mutex::new(SeriesCache::new(MAX_SERIES)),
+        });
+        let queues = (0..WRITERS)
+            .map(|_| {
+                let (queue, jobs) = mpsc::channel(QUEUE);
+                tokio::spawn(writer.clone().run(jobs));
+                queue
+            })
+            .collect();
+        Self { queues }
     }
 
-    /// Waits (at most `timeout`) until every Event on its way is written.
+    /// Waits (at most `timeout`) until every Event queued so far is written.
     pub async fn flush(&self, timeout: Duration) {
-        if tokio::time::timeout(timeout, self.in_flight.acquire_many(MAX_IN_FLIGHT))
-            .await
-            .is_err()
-        {
-            warn!("some Events were still being written at shutdown");
+        let flushed = futures::future::join_all(self.queues.iter().map(|queue| async move {
+            let (done, written) = oneshot::channel();
+            if queue.send(Job::Flush(done)).await.is_ok() {
+                let _ = written.await;
+            }
+        }));
+        if tokio::time::timeout(timeout, flushed).await.is_err() {
+            warn!("some Events were still waiting to be written at shutdown");
         }
     }
 
@@ -295,8 +327,7 @@ impl EventSink {
         .await;
     }
 
-    /// Hands the Event to a task of its own (waiting only when [`MAX_IN_FLIGHT`] are on
-    /// their way).
+    /// Queues the Event for its series' writer (waiting only when that queue is full).
     async fn publish(
         &self,
         reference: ObjectReference,
@@ -305,30 +336,52 @@ impl EventSink {
         action: &str,
         note: String,
     ) {
-        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
-            return;
-        };
-        let writer = self.writer.clone();
-        let (reason, action) = (reason.to_string(), action.to_string());
-        tokio::spawn(async move {
-            if let Err(error) = writer
-                .write(&reference, type_, &reason, &action, note)
-                .await
-            {
-                warn!(
-                    %error,
-                    reason,
-                    object = reference.name.as_deref().unwrap_or_default(),
-                    "could not record an Event; check the host's RBAC on events.k8s.io events"
-                );
-            }
-            drop(permit);
-        });
+        let note = truncate(note);
+        let key = SeriesKey::new(type_, reason, action, &note, &reference);
+        let queue = &self.queues[(key.0 % self.queues.len() as u64) as usize];
+        let job = Job::Write(Box::new(Pending {
+            reference,
+            type_,
+            reason: reason.to_string(),
+            action: action.to_string(),
+            note,
+        }));
+        // Fails only when the writer is gone (the runtime is ending).
+        let _ = queue.send(job).await;
     }
 }
 
 impl Writer {
-    /// Creates the Event, or patches the series it repeats.
+    /// Writes the queued Events one at a time until the sink is dropped.
+    async fn run(self: Arc<Self>, mut jobs: mpsc::Receiver<Job>) {
+        while let Some(job) = jobs.recv().await {
+            match job {
+                Job::Write(event) => {
+                    let Pending {
+                        reference,
+                        type_,
+                        reason,
+                        action,
+                        note,
+                    } = *event;
+                    if let Err(error) = self.write(&reference, type_, &reason, &action, note).await
+                    {
+                        warn!(
+                            %error,
+                            reason,
+                            object = reference.name.as_deref().unwrap_or_default(),
+                            "could not record an Event; check the host's RBAC on events.k8s.io events"
+                        );
+                    }
+                }
+                Job::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+
+    /// Creates the Event, or patches the series it repeats. `note` fits the Events API.
     async fn write(
         &self,
         reference: &ObjectReference,
@@ -337,7 +390,6 @@ impl Writer {
         action: &str,
         note: String,
     ) -> Result<(), kube::Error> {
-        let note = truncate(note);
         let key = SeriesKey::new(type_, reason, action, &note, reference);
         let now = Instant::now();
         let open = self.lock().get(&key, now);
