@@ -5,7 +5,6 @@
 //! machine, so a run's claims/s follows the CPU every volume costs all of them together.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::Instant;
 
 /// The control plane's components, as the launcher names them (its first argument).
@@ -106,24 +105,6 @@ impl CpuUse {
         }
         cells
     }
-}
-
-/// The CPU table: one row per run, while provisioning (from the first create until
-/// every claim was Bound).
-pub fn table(rows: &[(String, usize, CpuUse)]) -> String {
-    let mut out = String::from(
-        "CPU while provisioning (first create to all Bound), ms per volume\n\
-         | run | N | machine busy | etcd | kube-apiserver | kube-controller-manager | host | benchmark | rest | all |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for (run, volumes, cpu) in rows {
-        let _ = writeln!(
-            out,
-            "| {run} | {volumes} | {} |",
-            cpu.cells(*volumes).join(" | ")
-        );
-    }
-    out
 }
 
 /// User plus system CPU seconds of process `pid`.

@@ -431,6 +431,29 @@ pub fn stages_table(runs: &[RunFigures]) -> String {
     out
 }
 
+/// Where the CPU went while provisioning (from the first create until every claim was
+/// Bound), one row per run that measured it.
+pub fn cpu_table(runs: &[RunFigures]) -> String {
+    let mut out = String::from(
+        "CPU while provisioning (first create to all Bound), ms per volume\n\
+         | run | N | machine busy | etcd | kube-apiserver | kube-controller-manager | host | benchmark | rest | all |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for run in runs {
+        let Some(cpu) = &run.cpu_provisioning else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            run.run,
+            run.claims,
+            cpu.cells(run.claims).join(" | ")
+        );
+    }
+    out
+}
+
 /// The figures as a Markdown table, one row per run.
 pub fn table(runs: &[RunFigures]) -> String {
     let mut out = String::from(
@@ -575,25 +598,18 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
     }
     mesh.draw()?;
     let colors = [&BLUE, &RED, &GREEN, &MAGENTA, &CYAN, &BLACK];
+    // (seconds, how many so far) from sorted times, starting at the origin.
+    let cumulative = |at: &[f64]| -> Vec<(f64, f64)> {
+        std::iter::once((0.0, 0.0))
+            .chain(at.iter().enumerate().map(|(i, t)| (*t, (i + 1) as f64)))
+            .collect()
+    };
     for (index, run) in runs.iter().enumerate() {
         let color = colors[index % colors.len()];
-        let mut points = vec![(0.0, 0.0)];
-        points.extend(
-            run.bound_at
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (*t, (i + 1) as f64)),
-        );
+        let points = cumulative(&run.bound_at);
         // The PVs as they appear, thin, under the run's Bound line.
-        let mut published = vec![(0.0, 0.0)];
-        published.extend(
-            run.published_at
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (*t, (i + 1) as f64)),
-        );
         chart.draw_series(DashedLineSeries::new(
-            published,
+            cumulative(&run.published_at),
             6,
             4,
             color.stroke_width(1),

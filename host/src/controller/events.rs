@@ -204,8 +204,9 @@ enum Job {
     Flush(oneshot::Sender<()>),
 }
 
-/// An Event to write.
+/// An Event to write, with its series' key (which also picked its writer).
 struct Pending {
+    key: SeriesKey,
     reference: ObjectReference,
     type_: EventType,
     reason: String,
@@ -340,6 +341,7 @@ impl EventSink {
         let key = SeriesKey::new(type_, reason, action, &note, &reference);
         let queue = &self.queues[(key.0 % self.queues.len() as u64) as usize];
         let job = Job::Write(Box::new(Pending {
+            key,
             reference,
             type_,
             reason: reason.to_string(),
@@ -357,19 +359,11 @@ impl Writer {
         while let Some(job) = jobs.recv().await {
             match job {
                 Job::Write(event) => {
-                    let Pending {
-                        reference,
-                        type_,
-                        reason,
-                        action,
-                        note,
-                    } = *event;
-                    if let Err(error) = self.write(&reference, type_, &reason, &action, note).await
-                    {
+                    if let Err(error) = self.write(&event).await {
                         warn!(
                             %error,
-                            reason,
-                            object = reference.name.as_deref().unwrap_or_default(),
+                            reason = event.reason,
+                            object = event.reference.name.as_deref().unwrap_or_default(),
                             "could not record an Event; check the host's RBAC on events.k8s.io events"
                         );
                     }
@@ -381,16 +375,9 @@ impl Writer {
         }
     }
 
-    /// Creates the Event, or patches the series it repeats. `note` fits the Events API.
-    async fn write(
-        &self,
-        reference: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) -> Result<(), kube::Error> {
-        let key = SeriesKey::new(type_, reason, action, &note, reference);
+    /// Creates the Event, or patches the series it repeats.
+    async fn write(&self, pending: &Pending) -> Result<(), kube::Error> {
+        let key = pending.key;
         let now = Instant::now();
         let open = self.lock().get(&key, now);
         if let Some(mut series) = open {
@@ -417,7 +404,7 @@ impl Writer {
                 Err(error) => return Err(error),
             }
         }
-        let event = self.event(reference, type_, reason, action, note);
+        let event = self.event(pending);
         let namespace = event.metadata.namespace.clone().unwrap_or_default();
         let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
         let created = events.create(&PostParams::default(), &event).await?;
@@ -433,22 +420,16 @@ impl Writer {
 
     /// A new Event, as kube-runtime's `Recorder` makes it (name `<object>.<nanos hex>`,
     /// cluster-scoped objects' Events in `default`).
-    fn event(
-        &self,
-        reference: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) -> K8sEvent {
+    fn event(&self, pending: &Pending) -> K8sEvent {
         let now = Timestamp::now();
         let controller = &self.reporter.controller;
+        let reference = &pending.reference;
         K8sEvent {
-            action: Some(action.to_string()),
-            reason: Some(reason.to_string()),
+            action: Some(pending.action.clone()),
+            reason: Some(pending.reason.clone()),
             event_time: Some(MicroTime(now)),
             regarding: Some(reference.clone()),
-            note: Some(note),
+            note: Some(pending.note.clone()),
             metadata: ObjectMeta {
                 namespace: Some(
                     reference
@@ -470,7 +451,7 @@ impl Writer {
                     .clone()
                     .unwrap_or_else(|| controller.clone()),
             ),
-            type_: Some(type_.as_str().to_string()),
+            type_: Some(pending.type_.as_str().to_string()),
             ..K8sEvent::default()
         }
     }

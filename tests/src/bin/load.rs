@@ -27,7 +27,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use wasm_provisioner::run::{DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, DEFAULT_THREADS};
 use wasm_provisioner_tests::cluster::{admin_config, admin_kubeconfig};
-use wasm_provisioner_tests::cpu::{self, CpuSample, process_cpu_seconds};
+use wasm_provisioner_tests::cpu::{CpuSample, process_cpu_seconds};
 use wasm_provisioner_tests::fixture::Fixture;
 use wasm_provisioner_tests::host::{Host, HostConfig, proc_status_bytes};
 use wasm_provisioner_tests::load::{self, Requests, RunFigures, parse_samples};
@@ -213,13 +213,9 @@ async fn main() -> anyhow::Result<()> {
     }
     report.push('\n');
     report.push_str(&load::stages_table(&figures));
-    let cpu_rows: Vec<_> = figures
-        .iter()
-        .filter_map(|run| Some((run.run.clone(), run.claims, run.cpu_provisioning.clone()?)))
-        .collect();
-    if !cpu_rows.is_empty() {
+    if figures.iter().any(|run| run.cpu_provisioning.is_some()) {
         report.push('\n');
-        report.push_str(&cpu::table(&cpu_rows));
+        report.push_str(&load::cpu_table(&figures));
     }
     for run in &figures {
         report.push('\n');
