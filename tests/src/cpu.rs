@@ -1,7 +1,7 @@
 //! Where the CPU goes during a load run: the machine's busy time (`/proc/stat`) and each
 //! process's (`/proc/PID/stat`): the embedded control plane's etcd, kube-apiserver and
-//! kube-controller-manager (found by the launcher's command line), the host, and the
-//! benchmark itself. On two cores the control plane, the host and the benchmark share the
+//! kube-controller-manager (found by the launcher's command line), the provisioner (the
+//! host, or the Go library's provisioner of `tests/golib`), and the benchmark itself. On two cores the control plane, the host and the benchmark share the
 //! machine, so a run's claims/s follows the CPU every volume costs all of them together.
 
 use std::collections::BTreeMap;
@@ -9,6 +9,12 @@ use std::time::Instant;
 
 /// The control plane's components, as the launcher names them (its first argument).
 pub const COMPONENTS: [&str; 3] = ["etcd", "kube-apiserver", "kube-controller-manager"];
+
+/// The provisioners' names in a sample, each a column of its own: the host, and the Go
+/// library's provisioner (`tests/golib`).
+pub const PROVISIONERS: [&str; 2] = [HOST, GO_LIBRARY];
+pub const HOST: &str = "host";
+pub const GO_LIBRARY: &str = "go-library";
 
 /// CPU seconds so far: of the whole machine (busy, all cores), and of each watched
 /// process by name.
@@ -27,16 +33,18 @@ pub struct CpuUse {
     /// Busy CPU seconds of the whole machine (every process, the kernel's too).
     pub machine_busy_s: Option<f64>,
     /// CPU seconds by process name (`etcd`, `kube-apiserver`, `kube-controller-manager`,
-    /// `host`, `benchmark`); a process missing from either sample is left out.
+    /// `host` or `go-library`, `benchmark`); a process missing from either sample is left
+    /// out.
     pub processes: BTreeMap<String, f64>,
 }
 
 impl CpuSample {
     /// Now: the machine, the local control plane's components (none when the cluster
-    /// is not the embedded one), the host (if `host_pid`) and this process.
-    pub fn take(host_pid: Option<u32>) -> CpuSample {
+    /// is not the embedded one), the provisioner (if any: its name in [`PROVISIONERS`]
+    /// and its pid) and this process.
+    pub fn take(provisioner: Option<(&str, u32)>) -> CpuSample {
         let mut pids: Vec<(String, u32)> = control_plane_pids();
-        pids.extend(host_pid.map(|pid| ("host".to_string(), pid)));
+        pids.extend(provisioner.map(|(name, pid)| (name.to_string(), pid)));
         pids.push(("benchmark".to_string(), std::process::id()));
         let processes = pids
             .into_iter()
@@ -78,7 +86,8 @@ impl CpuUse {
     }
 
     /// One table row's cells: busy share, then CPU ms per volume of each component,
-    /// the host, the benchmark, the rest of the machine and the total.
+    /// each provisioner (the host, the Go library), the benchmark, the rest of the machine
+    /// and the total.
     pub fn cells(&self, volumes: usize) -> Vec<String> {
         let per_volume = |seconds: f64| format!("{:.1}", seconds * 1000.0 / volumes.max(1) as f64);
         let mut cells = vec![
@@ -87,7 +96,8 @@ impl CpuUse {
                 .unwrap_or_else(|| "-".into()),
         ];
         let mut named = 0.0;
-        for name in COMPONENTS.iter().copied().chain(["host", "benchmark"]) {
+        let processes = COMPONENTS.iter().chain(&PROVISIONERS).copied();
+        for name in processes.chain(["benchmark"]) {
             match self.processes.get(name) {
                 Some(seconds) => {
                     named += seconds;
@@ -230,7 +240,23 @@ mod tests {
         assert_eq!(cpu.machine_busy_share(), Some(0.75));
         assert_eq!(
             cpu.cells(500),
-            ["75%", "4.0", "12.0", "4.0", "2.0", "1.0", "7.0", "30.0"]
+            [
+                "75%", "4.0", "12.0", "4.0", "2.0", "-", "1.0", "7.0", "30.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_go_library_has_a_column_of_its_own() {
+        let cpu = CpuUse {
+            wall_s: 1.0,
+            cores: 2,
+            machine_busy_s: Some(1.0),
+            processes: [(GO_LIBRARY.to_string(), 0.5)].into(),
+        };
+        assert_eq!(
+            cpu.cells(100),
+            ["50%", "-", "-", "-", "-", "5.0", "-", "5.0", "10.0"]
         );
     }
 }

@@ -1,10 +1,15 @@
 //! The load benchmark's arithmetic and output (`tests/src/bin/load.rs` runs it): the
 //! Prometheus text format of the API server and the host, request counts by verb and
-//! resource, percentiles, the figures table and the bound-claims-over-time plot.
+//! resource, percentiles, the figures table and the bound-claims-over-time plot; and the
+//! Go library's provisioner (`tests/golib`) as a child process, measured as the host is.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
 
 /// One sample of a Prometheus text exposition: name, labels, value.
 #[derive(Clone, Debug, PartialEq)]
@@ -436,8 +441,8 @@ pub fn stages_table(runs: &[RunFigures]) -> String {
 pub fn cpu_table(runs: &[RunFigures]) -> String {
     let mut out = String::from(
         "CPU while provisioning (first create to all Bound), ms per volume\n\
-         | run | N | machine busy | etcd | kube-apiserver | kube-controller-manager | host | benchmark | rest | all |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+         | run | N | machine busy | etcd | kube-apiserver | kube-controller-manager | host | Go library | benchmark | rest | all |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in runs {
         let Some(cpu) = &run.cpu_provisioning else {
@@ -635,17 +640,18 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The host's own request count (`wasm_provisioner_kube_api_requests_total`).
-pub fn host_requests(host: &crate::host::Host) -> anyhow::Result<Requests> {
+/// The provisioner's own request count (`wasm_provisioner_kube_api_requests_total`).
+pub fn host_requests<P: Provisioner + ?Sized>(host: &P) -> anyhow::Result<Requests> {
     Ok(Requests::from_client(&parse_samples(
         &host.get("/metrics")?.1,
     )))
 }
 
-/// The host's request count once it stopped moving for `quiet` (a host at rest makes no
-/// request); an error when it keeps moving for 30 such looks and 15 minutes.
-pub async fn settled_requests(
-    host: &crate::host::Host,
+/// The provisioner's request count once it stopped moving for `quiet` (a provisioner at
+/// rest makes no request); an error when it keeps moving for 30 such looks and 15
+/// minutes.
+pub async fn settled_requests<P: Provisioner + ?Sized>(
+    host: &P,
     quiet: std::time::Duration,
 ) -> anyhow::Result<Requests> {
     // Long enough for a storm's Events, which trail the work.
@@ -661,6 +667,183 @@ pub async fn settled_requests(
         last = now;
     }
     anyhow::bail!("the host's requests never settled: {last:?}")
+}
+
+/// A provisioner process the benchmark measures: the host or the Go library's.
+pub trait Provisioner {
+    /// Its process id (CPU time and memory from `/proc`).
+    fn pid(&self) -> u32;
+    /// Its name in the CPU table ([`crate::cpu::PROVISIONERS`]).
+    fn cpu_name(&self) -> &'static str;
+    /// A plain HTTP GET on its metrics endpoint: (status code, body).
+    fn get(&self, path: &str) -> anyhow::Result<(u16, String)>;
+    /// SIGTERM, then wait up to `timeout` for the exit status.
+    fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus>;
+}
+
+impl Provisioner for crate::host::Host {
+    fn pid(&self) -> u32 {
+        crate::host::Host::pid(self)
+    }
+
+    fn cpu_name(&self) -> &'static str {
+        crate::cpu::HOST
+    }
+
+    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        crate::host::Host::get(self, path)
+    }
+
+    fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        crate::host::Host::terminate(self, timeout)
+    }
+}
+
+/// The Go library the `go-library` runs measure, as `tests/golib/go.mod` requires it.
+pub const GO_LIBRARY: &str = "sig-storage-lib-external-provisioner v13.1.0";
+
+/// The Go library's provisioner binary: `explicit` (`--go-library`, or
+/// `WASM_PROVISIONER_GO_LIBRARY` as `tests/load.sh` sets it), else built (or found in
+/// its cache) by `tests/golib/build.sh`.
+pub fn go_library_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        anyhow::ensure!(path.is_file(), "no Go library binary at {}", path.display());
+        return Ok(path.to_path_buf());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("golib/build.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{} failed: {}",
+        script.display(),
+        output.status
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let path = stdout.lines().last().unwrap_or_default().trim();
+    Ok(PathBuf::from(path))
+}
+
+/// The Go library's hostpath provisioner (`tests/golib`) running: its flags are those of
+/// `main.go`. Killed (SIGKILL) when dropped, unless it already exited.
+pub struct GoLibrary {
+    child: Child,
+    metrics_port: u16,
+    log: PathBuf,
+}
+
+impl GoLibrary {
+    /// Starts `binary` for `provisioner` (the StorageClass's provisioner name), making
+    /// volumes under `dir`, with `args` (client limits, threads), its log in `log_dir`;
+    /// waits until its `/readyz` answers 200 (its informers' caches synced).
+    pub fn start(
+        binary: &Path,
+        kubeconfig: &Path,
+        provisioner: &str,
+        dir: &Path,
+        log_dir: &Path,
+        args: &[String],
+    ) -> anyhow::Result<GoLibrary> {
+        let metrics_port = crate::host::free_port();
+        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(log_dir)?;
+        let log = log_dir.join(format!("go-library-{metrics_port}.log"));
+        let log_file = std::fs::File::create(&log)?;
+        let child = Command::new(binary)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--provisioner={provisioner}"))
+            .arg(format!("--dir={}", dir.display()))
+            .arg(format!("--metrics-address=127.0.0.1:{metrics_port}"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut library = GoLibrary {
+            child,
+            metrics_port,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if library.get("/readyz").is_ok_and(|(code, _)| code == 200) {
+                return Ok(library);
+            }
+            let exited = library.child.try_wait()?;
+            if exited.is_some() || Instant::now() >= deadline {
+                anyhow::bail!(
+                    "the Go library's provisioner is not ready ({}); its log:\n{}",
+                    exited.map_or("after 60 s".into(), |status| status.to_string()),
+                    std::fs::read_to_string(&library.log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Provisioner for GoLibrary {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn cpu_name(&self) -> &'static str {
+        crate::cpu::GO_LIBRARY
+    }
+
+    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.metrics_port, path)
+    }
+
+    fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!("the Go library's provisioner still runs after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for GoLibrary {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A plain HTTP/1.0 GET of `path` on the loopback `port`: (status code, body).
+fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
 }
 
 #[cfg(test)]
@@ -702,6 +885,32 @@ process_cpu_seconds_total 12.5
         assert_eq!(sample.labels["a"], "x,\"y\"}");
         assert_eq!(sample.labels["b"], "z");
         assert_eq!(sample.value, 3.0);
+    }
+
+    #[test]
+    fn the_go_librarys_counter_reads_as_the_hosts() {
+        // as tests/golib/main.go renders it
+        let text = "# TYPE wasm_provisioner_kube_api_requests_total counter\n\
+            wasm_provisioner_kube_api_requests_total{code=\"201\",resource=\"persistentvolumes\",verb=\"create\"} 3\n\
+            wasm_provisioner_kube_api_requests_total{code=\"200\",resource=\"events\",verb=\"patch\"} 2\n\
+            wasm_provisioner_kube_api_requests_total{code=\"409\",resource=\"persistentvolumeclaims\",verb=\"update\"} 1\n\
+            wasm_provisioner_kube_api_requests_total{code=\"200\",resource=\"persistentvolumes\",verb=\"list\"} 1\n\
+            wasm_provisioner_kube_api_requests_total{code=\"200\",resource=\"persistentvolumes\",verb=\"watch\"} 1\n";
+        let requests = Requests::from_client(&parse_samples(text));
+        assert_eq!(requests.writes(), 6.0);
+        assert_eq!(requests.reads(), 1.0, "watches are not counted");
+        assert_eq!(requests.conflicts(), 1.0);
+    }
+
+    #[test]
+    fn the_go_library_named_is_the_one_its_module_requires() {
+        let go_mod = include_str!("../golib/go.mod");
+        let (name, version) = GO_LIBRARY.split_once(' ').unwrap();
+        let required = format!("sigs.k8s.io/{name}/v13 {version}");
+        assert!(
+            go_mod.lines().any(|line| line.trim() == required),
+            "tests/golib/go.mod does not require {required}"
+        );
     }
 
     #[test]

@@ -8,12 +8,15 @@
 //!
 //! Runs: `ceiling` (no provisioner: the benchmark creates each claim's bound PV itself,
 //! with the same concurrency, and deletes it), `defaults` (the host at its defaults),
-//! `unthrottled` (client limits off), `go-defaults` (the Go library's limits: QPS 5,
-//! burst 10, 4 workers) and `QPS/BURST/THREADS` (such as `100/200/8`). Every host run
-//! uses the `hostpath` guest, so each volume is a real directory made and removed.
+//! `unthrottled` (client limits off), `go-defaults` (the host at the Go library's limits:
+//! QPS 5, burst 10, 4 workers), `QPS/BURST/THREADS` (such as `100/200/8`), and the Go
+//! library itself (sig-storage-lib-external-provisioner, `tests/golib`) in `go-library`
+//! (client limits off) and `go-library-defaults` (its defaults). Every host run uses the
+//! `hostpath` guest and the Go library's provisioner is a hostpath one, so each volume is
+//! a real directory made and removed.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +33,9 @@ use wasm_provisioner_tests::cluster::{admin_config, admin_kubeconfig};
 use wasm_provisioner_tests::cpu::{CpuSample, process_cpu_seconds};
 use wasm_provisioner_tests::fixture::Fixture;
 use wasm_provisioner_tests::host::{Host, HostConfig, proc_status_bytes};
-use wasm_provisioner_tests::load::{self, Requests, RunFigures, parse_samples};
+use wasm_provisioner_tests::load::{
+    self, GO_LIBRARY, GoLibrary, Provisioner, Requests, RunFigures, parse_samples,
+};
 
 #[derive(Debug, Parser)]
 #[command(about = "Provisioning load benchmark against a real control plane")]
@@ -39,8 +44,8 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     claims: usize,
 
-    /// Runs, in order: ceiling, defaults, unthrottled, go-defaults, start, or
-    /// QPS/BURST/THREADS.
+    /// Runs, in order: ceiling, defaults, unthrottled, go-defaults, start,
+    /// QPS/BURST/THREADS (the host), go-library, go-library-defaults (the Go library).
     #[arg(
         long,
         value_delimiter = ',',
@@ -54,9 +59,16 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     repeat: usize,
 
-    /// Workers (`--threads`) of the unthrottled run; default: the host's default.
+    /// Workers (`--threads`) of the unthrottled and go-library runs; default: the host's
+    /// default.
     #[arg(long)]
     threads: Option<u16>,
+
+    /// The Go library's provisioner binary (`bash tests/golib/build.sh` prints it;
+    /// `tests/load.sh` sets it); default: built by that script when a go-library run is
+    /// asked for.
+    #[arg(long, env = "WASM_PROVISIONER_GO_LIBRARY")]
+    go_library: Option<PathBuf>,
 
     /// Requests the benchmark has in flight at once (creates, deletes).
     #[arg(long, default_value_t = 64)]
@@ -72,22 +84,45 @@ struct Args {
 }
 
 /// One run to make.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 struct RunSpec {
     name: String,
-    /// The host's flags; `None` for the ceiling (no host).
-    host_flags: Option<Vec<String>>,
+    kind: Kind,
     settings: String,
+}
+
+/// Who provisions in a run.
+#[derive(Clone, Debug, PartialEq)]
+enum Kind {
+    /// No provisioner: the ceiling.
+    Ceiling,
+    /// The host, with these flags.
+    Host(Vec<String>),
+    /// The Go library's provisioner (`tests/golib`), with these flags.
+    GoLibrary(Vec<String>),
 }
 
 impl RunSpec {
     fn parse(text: &str, threads: Option<u16>) -> anyhow::Result<RunSpec> {
         let host = |flags: &[String], settings: String| RunSpec {
             name: text.to_string(),
-            host_flags: Some(flags.to_vec()),
+            kind: Kind::Host(flags.to_vec()),
             settings,
         };
+        let go_library = |flags: Vec<String>, settings: &str| RunSpec {
+            name: text.to_string(),
+            kind: Kind::GoLibrary(flags),
+            settings: format!("Go library ({GO_LIBRARY}), {settings}"),
+        };
         let limits = |qps: u32, burst: u32, threads: u16| {
+            vec![
+                format!("--kube-api-qps={qps}"),
+                format!("--kube-api-burst={burst}"),
+                format!("--threads={threads}"),
+            ]
+        };
+        // The Go library's flags (tests/golib/main.go): a QPS of 0 or less is no limit.
+        let limits_go = |qps: i32, burst: u32, threads: u16| {
             vec![
                 format!("--kube-api-qps={qps}"),
                 format!("--kube-api-burst={burst}"),
@@ -97,7 +132,7 @@ impl RunSpec {
         Ok(match text {
             "ceiling" => RunSpec {
                 name: text.into(),
-                host_flags: None,
+                kind: Kind::Ceiling,
                 settings: "no provisioner".into(),
             },
             "defaults" => host(
@@ -113,7 +148,23 @@ impl RunSpec {
                     format!("no client limit, {threads} threads"),
                 )
             }
-            "go-defaults" => host(&limits(5, 10, 4), "QPS 5, burst 10, 4 threads".into()),
+            // The host, not the library: the host at the library's limits.
+            "go-defaults" => host(
+                &limits(5, 10, 4),
+                "host at the Go library's limits: QPS 5, burst 10, 4 threads".into(),
+            ),
+            // The Go library itself: QPS -1 turns client-go's limiter off.
+            "go-library" => {
+                let threads = threads.unwrap_or(DEFAULT_THREADS);
+                go_library(
+                    limits_go(-1, 0, threads),
+                    &format!("unthrottled, {threads} threads"),
+                )
+            }
+            "go-library-defaults" => go_library(
+                limits_go(5, 10, 4),
+                "its defaults: QPS 5, burst 10, 4 threads",
+            ),
             // N claims Bound to PVs as this host publishes them exist before the host
             // starts (its defaults): its time to ready and its requests while starting.
             "start" => host(
@@ -126,7 +177,7 @@ impl RunSpec {
                 let parts: Vec<&str> = custom.split('/').collect();
                 let [qps, burst, threads] = parts.as_slice() else {
                     bail!(
-                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults, start or QPS/BURST/THREADS"
+                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults, start, QPS/BURST/THREADS, go-library or go-library-defaults"
                     );
                 };
                 let (qps, burst, threads) = (qps.parse()?, burst.parse()?, threads.parse()?);
@@ -163,6 +214,12 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|r| RunSpec::parse(r, args.threads))
         .collect::<anyhow::Result<_>>()?;
+    // The Go library's provisioner, built (or found) before the first run.
+    let go_library = specs
+        .iter()
+        .any(|spec| matches!(spec.kind, Kind::GoLibrary(_)))
+        .then(|| load::go_library_binary(args.go_library.as_deref()))
+        .transpose()?;
     // Counts this benchmark's own requests, to take them out of the API server's count.
     let client =
         wasm_provisioner::client::rate_limited(admin_config().await?, 1_000_000, 1_000_000)?;
@@ -181,7 +238,7 @@ async fn main() -> anyhow::Result<()> {
     let rounds = std::iter::repeat_n(&specs, args.repeat.max(1)).flatten();
     for spec in rounds {
         let mut fixture = Fixture::new(&format!("load-{}", spec.name)).await?;
-        let result = run(&args, spec, &client, &mut fixture).await;
+        let result = run(&args, spec, go_library.as_deref(), &client, &mut fixture).await;
         fixtures.push(fixture);
         let run = result.with_context(|| format!("run {}", spec.name))?;
         eprintln!(
@@ -256,15 +313,21 @@ async fn main() -> anyhow::Result<()> {
 async fn run(
     args: &Args,
     spec: &RunSpec,
+    go_library: Option<&Path>,
     client: &Client,
     fixture: &mut Fixture,
 ) -> anyhow::Result<RunFigures> {
     let namespace = fixture.ctx.namespace.clone();
     let parameters = [("nodePath", "/srv/load")];
     // The ceiling's class names this fixture's provisioner too, which no host serves:
-    // the controller-manager treats its claims as it treats the provisioned ones.
+    // the controller-manager treats its claims as it treats the provisioned ones. The Go
+    // library serves the same class (it reads no parameter) under the same name.
     let class = fixture.class("hostpath", &parameters, json!({})).await?;
-    let host_config = spec.host_flags.as_ref().map(|flags| {
+    let host_flags = match &spec.kind {
+        Kind::Host(flags) => Some(flags),
+        _ => None,
+    };
+    let host_config = host_flags.map(|flags| {
         fixture.install_module("hostpath", "hostpath");
         let mut host_args: Vec<String> = vec!["--leader-elect=false".into(), "--log=info".into()];
         host_args.extend(flags.iter().cloned());
@@ -279,8 +342,18 @@ async fn run(
     });
     // The start run creates the bound claims and PVs first, then starts the host.
     let starting = spec.name == "start";
-    let mut host = match &host_config {
-        Some(config) if !starting => Some(Host::start(config)?),
+    // The provisioner: the host, or the Go library's (its volumes under the fixture's
+    // data directory, its log beside the host's).
+    let mut host: Option<Box<dyn Provisioner>> = match (&spec.kind, &host_config) {
+        (_, Some(config)) if !starting => Some(Box::new(Host::start(config)?)),
+        (Kind::GoLibrary(flags), _) => Some(Box::new(GoLibrary::start(
+            go_library.context("no Go library binary")?,
+            &admin_kubeconfig(),
+            &fixture.provisioner,
+            &fixture.data.join("go-library"),
+            &fixture.root.join("logs"),
+            flags,
+        )?)),
         _ => None,
     };
     eprintln!(
@@ -291,21 +364,24 @@ async fn run(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watches = watch(client, &namespace, seen.clone()).await?;
 
-    let mut host_before = host.as_ref().map(load::host_requests).transpose()?;
-    let mut cpu_before = host.as_ref().and_then(|h| process_cpu_seconds(h.pid()));
+    let mut host_before = host.as_deref().map(load::host_requests).transpose()?;
+    let mut cpu_before = host.as_deref().and_then(|h| process_cpu_seconds(h.pid()));
     let server_before = apiserver_requests(client).await?;
     let own_before = own_requests();
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let ceiling = host_config.is_none();
+    let ceiling = spec.kind == Kind::Ceiling;
     // Bound PVs made by the benchmark: the ceiling's, and the start run's (published as
     // the host would have).
     let published_by = starting.then(|| fixture.provisioner.clone());
     let names: Vec<String> = (0..args.claims).map(|i| format!("load-{i:05}")).collect();
 
     // Create every claim (and, for the ceiling, its bound PV) at once.
-    let cpu_started = CpuSample::take(host.as_ref().map(Host::pid));
+    let cpu_process = |host: &Option<Box<dyn Provisioner>>| {
+        host.as_deref().map(|host| (host.cpu_name(), host.pid()))
+    };
+    let cpu_started = CpuSample::take(cpu_process(&host));
     let started = Instant::now();
     let progress = progress(&spec.name, args.claims, seen.clone(), started);
     futures::stream::iter(names.iter().cloned())
@@ -343,7 +419,7 @@ async fn run(
         seen.lock().unwrap().bound.len() >= args.claims
     })
     .await;
-    let cpu_provisioning = CpuSample::take(host.as_ref().map(Host::pid)).since(&cpu_started);
+    let cpu_provisioning = CpuSample::take(cpu_process(&host)).since(&cpu_started);
     // The start run: the host starts now, over N bound claims and PVs.
     let mut start = None;
     if starting && let Some(config) = &host_config {
@@ -362,13 +438,13 @@ async fn run(
         );
         host_before = Some(requests);
         cpu_before = process_cpu_seconds(started_host.pid());
-        host = Some(started_host);
+        host = Some(Box::new(started_host));
     }
     // The provisioner's requests while provisioning: a claim is Bound as soon as its PV
     // exists, a moment before the provisioner's last edit of it, so wait until its
     // count stops moving.
     let own_provisioning = match (&host, &host_before) {
-        (Some(host), Some(before)) => load::settled_requests(host, Duration::from_secs(1))
+        (Some(host), Some(before)) => load::settled_requests(&**host, Duration::from_secs(1))
             .await?
             .since(before),
         _ => own_requests().since(&own_before),
@@ -470,10 +546,11 @@ async fn run(
             load::histogram_sum(&samples, "wasm_provisioner_claim_to_volume_seconds", |_| {
                 true
             });
+        // none for the Go library, which has no guest: "-"
         figures.guest_share = (end_to_end > 0.0).then(|| guest / end_to_end);
         let status = host.terminate(Duration::from_secs(30))?;
         if !status.success() {
-            eprintln!("{}: the host exited with {status}", spec.name);
+            eprintln!("{}: the provisioner exited with {status}", spec.name);
         }
     } else {
         // The ceiling's "provisioner" is this benchmark's PV requests: 1 create and 1
@@ -746,4 +823,74 @@ fn command_output(program: &str, args: &[&str]) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(kind: &Kind) -> &[String] {
+        match kind {
+            Kind::Host(flags) | Kind::GoLibrary(flags) => flags,
+            Kind::Ceiling => &[],
+        }
+    }
+
+    #[test]
+    fn the_go_library_runs_are_the_library_and_say_so() {
+        let run = RunSpec::parse("go-library", Some(16)).unwrap();
+        assert!(matches!(run.kind, Kind::GoLibrary(_)));
+        assert_eq!(
+            flags(&run.kind),
+            ["--kube-api-qps=-1", "--kube-api-burst=0", "--threads=16"]
+        );
+        assert_eq!(
+            run.settings,
+            "Go library (sig-storage-lib-external-provisioner v13.1.0), unthrottled, 16 threads"
+        );
+        let run = RunSpec::parse("go-library", None).unwrap();
+        assert!(
+            run.settings
+                .ends_with(&format!("{DEFAULT_THREADS} threads"))
+        );
+
+        let run = RunSpec::parse("go-library-defaults", Some(16)).unwrap();
+        assert_eq!(
+            flags(&run.kind),
+            ["--kube-api-qps=5", "--kube-api-burst=10", "--threads=4"],
+            "the library's defaults, whatever --threads says"
+        );
+        assert!(run.settings.starts_with("Go library ("), "{}", run.settings);
+    }
+
+    #[test]
+    fn go_defaults_is_still_the_host_at_the_librarys_limits() {
+        let run = RunSpec::parse("go-defaults", None).unwrap();
+        assert!(matches!(run.kind, Kind::Host(_)));
+        assert_eq!(
+            flags(&run.kind),
+            ["--kube-api-qps=5", "--kube-api-burst=10", "--threads=4"]
+        );
+        assert!(run.settings.starts_with("host "), "{}", run.settings);
+    }
+
+    #[test]
+    fn other_runs_parse_as_before() {
+        assert_eq!(RunSpec::parse("ceiling", None).unwrap().kind, Kind::Ceiling);
+        let run = RunSpec::parse("100/200/8", None).unwrap();
+        assert_eq!(
+            run.kind,
+            Kind::Host(vec![
+                "--kube-api-qps=100".into(),
+                "--kube-api-burst=200".into(),
+                "--threads=8".into()
+            ])
+        );
+        assert!(matches!(
+            RunSpec::parse("start", None).unwrap().kind,
+            Kind::Host(_)
+        ));
+        let error = RunSpec::parse("go-lib", None).unwrap_err().to_string();
+        assert!(error.contains("go-library"), "{error}");
+    }
 }
