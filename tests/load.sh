@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The load benchmark in one command: builds the guests, the host and the control-plane
-# launcher, starts the local control plane (unless KUBECONFIG names a cluster), then for
-# each run creates N claims at once and deletes them, and prints the figures (see the
-# README's "Load benchmark").
+# The load benchmark in one command: builds the guests, the host, the control-plane
+# launcher and the Go library's provisioner (tests/golib), starts the local control plane
+# (unless KUBECONFIG names a cluster), then for each run creates N claims at once and
+# deletes them, and prints the figures (see the README's "Load benchmark").
 #
 #   bash tests/load.sh [--release] [--claims N] [--runs ceiling,defaults,unthrottled,start]
 #                      [--threads T] [--concurrency C] [--out DIR]
+#   bash tests/load.sh --release --runs ceiling,go-library,unthrottled
 #
 # `--release` builds optimised (a second full build of the dependencies the first time);
 # without it the host is the test build (dependencies at opt-level 1, our crates at 0).
@@ -23,6 +24,9 @@ if [ "${1:-}" = "--release" ]; then
 fi
 bash guests/build.sh >/dev/null
 bash tests/controlplane/build.sh >/dev/null
+# The go-library runs' binary (cached; after the launcher's build, mostly a link).
+WASM_PROVISIONER_GO_LIBRARY=$(bash tests/golib/build.sh)
+export WASM_PROVISIONER_GO_LIBRARY
 # The test command's build (same feature set, so it shares every artifact with the tests).
 cargo test -q --workspace --no-run "${build[@]}"
 exec "$CARGO_TARGET_DIR/$profile/load" "$@"
