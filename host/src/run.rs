@@ -97,7 +97,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
 
-    /// Namespace of the leader Lease; default: this pod's namespace, else `default`.
+    /// The host's own namespace, where its provisioning journal (a ConfigMap) and its
+    /// leader Lease live; default: this pod's namespace, else `default`.
+    #[arg(long, env = "WASM_PROVISIONER_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Namespace of the leader Lease; default: `--namespace`.
     #[arg(long, env = "WASM_PROVISIONER_LEADER_ELECTION_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
 
@@ -161,7 +166,17 @@ impl ControllerArgs {
                 probability: self.fault_exit_probability,
             },
             identity: String::new(),
+            journal_namespace: self.own_namespace(),
+            journal_name: controller::journal_name(&leader::lease_name(&self.provisioner_name)),
         }
+    }
+
+    /// `--namespace`, else this pod's namespace, else `default`.
+    fn own_namespace(&self) -> String {
+        self.namespace
+            .clone()
+            .or_else(pod_namespace)
+            .unwrap_or_else(|| "default".to_string())
     }
 }
 
@@ -274,8 +289,7 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
             namespace: args
                 .leader_election_namespace
                 .clone()
-                .or_else(pod_namespace)
-                .unwrap_or_else(|| "default".to_string()),
+                .unwrap_or_else(|| args.own_namespace()),
             lease_name: leader::lease_name(&args.provisioner_name),
             identity,
             lease_duration: args.leader_election_lease_duration,

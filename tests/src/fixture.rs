@@ -103,6 +103,9 @@ impl Fixture {
     pub fn host_config(&self, extra: &[&str]) -> HostConfig {
         let mut args = HostConfig::fast_retries();
         args.push("--leader-elect=false".into());
+        // The host's own namespace (its journal, its Lease): the fixture's, where the
+        // ServiceAccount's Role of deploy/rbac.yaml grants them.
+        args.push(format!("--namespace={}", self.ctx.namespace));
         // A flag in `extra` replaces the default of the same name (the host refuses a
         // flag given twice).
         let flag = |arg: &str| arg.split('=').next().unwrap_or(arg).to_string();
@@ -164,6 +167,23 @@ impl Fixture {
 
     pub fn volumes(&self) -> Api<PersistentVolume> {
         Api::all(self.ctx.client.clone())
+    }
+
+    /// The claim UIDs in the host's provisioning journal (a ConfigMap in the fixture's
+    /// namespace named after the provisioner: `<provisioner, / as ->-journal`).
+    pub async fn journal_entries(&self) -> anyhow::Result<Vec<String>> {
+        let name = format!("{}-journal", self.provisioner.replace('/', "-"));
+        let journal = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+            self.ctx.client.clone(),
+            &self.ctx.namespace,
+        )
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading the provisioning journal {name}"))?;
+        Ok(journal
+            .and_then(|j| j.data)
+            .map(|data| data.into_keys().collect())
+            .unwrap_or_default())
     }
 
     /// Creates a claim of `class` for `size` (such as "1Gi"), with extra fields merged

@@ -703,7 +703,7 @@ async fn random_crash_points() -> anyhow::Result<()> {
     let class = fx.class("journal", &[], json!({})).await?;
     let (ledger, watch) = VolumeLedger::watch(&fx);
     let faults = vec![
-        "--fault-exit-after=finalizer-add,guest-provision,pv-create,finalizer-remove,guest-delete,pv-delete".to_string(),
+        "--fault-exit-after=journal-record,finalizer-add,guest-provision,pv-create,finalizer-remove,guest-delete,pv-delete".to_string(),
         "--fault-exit-probability=0.08".to_string(),
     ];
     let mut crashes = 0;

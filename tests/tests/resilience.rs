@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -14,8 +15,9 @@ use wasm_provisioner_tests::host::Host;
 const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
 
 /// A host killed between the plugin's provision and the PV create (the fault hook exits
-/// exactly there, as kill -9 would): the claim keeps our finalizer, and the next host
-/// publishes the same backend volume instead of making a second one.
+/// exactly there, as kill -9 would): the intent is in the provisioning journal, not on
+/// the claim (no claim write on the fast path), and the next host publishes the same
+/// backend volume instead of making a second one, then clears the journal.
 #[tokio::test]
 async fn crash_between_provision_and_pv_create_then_restart_publishes_the_volume()
 -> anyhow::Result<()> {
@@ -42,8 +44,13 @@ async fn crash_between_provision_and_pv_create_then_restart_publishes_the_volume
     );
     let claim = fx.claims().get("data").await?;
     assert!(
-        claim.finalizers().iter().any(|f| f == FINALIZER_CLAIM),
-        "intent persisted on the claim"
+        !claim.finalizers().iter().any(|f| f == FINALIZER_CLAIM),
+        "no claim write on the fast path"
+    );
+    assert_eq!(
+        fx.journal_entries().await?,
+        [uid.clone()],
+        "intent persisted in the journal"
     );
 
     let host = fx.host(&[]);
@@ -51,13 +58,18 @@ async fn crash_between_provision_and_pv_create_then_restart_publishes_the_volume
     assert_eq!(pv.name_any(), format!("pvc-{uid}"));
     let entries: Vec<_> = std::fs::read_dir(fx.module_data("hostpath"))?.collect();
     assert_eq!(entries.len(), 1, "exactly one backend volume: {entries:?}");
+    wait_for("the journal to be cleared", WAIT, || async {
+        Ok(fx.journal_entries().await?.is_empty().then_some(()))
+    })
+    .await?;
     drop(host);
     fx.cleanup().await;
     Ok(())
 }
 
-/// The same crash, but the claim is deleted while no host runs: the claim cannot vanish
-/// (our finalizer), and the next host deletes the backend volume, then lets it go.
+/// The same crash, but the claim is deleted while no host runs: it vanishes from the
+/// API at once (nothing of ours holds it), and the next host finds the intent in the
+/// journal, deletes the backend volume and clears the entry.
 #[tokio::test]
 async fn crash_then_claim_deleted_leaves_no_orphan() -> anyhow::Result<()> {
     let mut fx = Fixture::new("crash-orphan").await?;
@@ -74,19 +86,22 @@ async fn crash_then_claim_deleted_leaves_no_orphan() -> anyhow::Result<()> {
     assert!(dir.is_dir());
 
     fx.claims().delete("data", &DeleteParams::default()).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let terminating = fx.claims().get("data").await?;
+    fx.wait_claim("data", "gone", |c| c.is_none()).await?;
     assert!(
-        terminating.metadata.deletion_timestamp.is_some(),
-        "the claim waits for us"
+        dir.is_dir(),
+        "no host ran: the backend volume is still there"
     );
 
     let host = fx.host(&[]);
-    fx.wait_claim("data", "gone", |c| c.is_none()).await?;
-    assert!(
-        !dir.exists(),
-        "the backend volume of the deleted claim was cleaned up"
-    );
+    wait_for("the orphan to be cleaned up", WAIT, || async {
+        Ok((!dir.exists()).then_some(()))
+    })
+    .await
+    .with_context(|| host.log_text())?;
+    wait_for("the journal to be cleared", WAIT, || async {
+        Ok(fx.journal_entries().await?.is_empty().then_some(()))
+    })
+    .await?;
     drop(host);
     fx.cleanup().await;
     Ok(())

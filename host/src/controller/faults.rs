@@ -9,6 +9,8 @@ use tracing::warn;
 /// A step after which the process may be made to crash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Step {
+    /// The claim's provisioning intent was stored in the journal.
+    JournalRecord,
     /// The claim's provisioning finalizer was added.
     FinalizerAdd,
     /// The guest's provision call answered a volume.

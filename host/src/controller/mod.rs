@@ -10,6 +10,7 @@ pub mod claims;
 mod events;
 pub mod faults;
 mod finalizers;
+mod journal;
 mod recent;
 pub mod retry;
 pub mod shares;
@@ -36,6 +37,7 @@ use crate::plugin::Runtime;
 use crate::server::Health;
 pub use events::EventSink;
 pub use faults::Faults;
+pub use journal::journal_name;
 pub use retry::{Retries, RetryPolicy};
 pub use shares::WorkerShares;
 
@@ -64,6 +66,10 @@ pub struct Settings {
     pub faults: Faults,
     /// This process's identity (the Events' reporting instance, the Lease holder).
     pub identity: String,
+    /// Where the provisioning journal lives ([`journal`]): the host's own namespace.
+    pub journal_namespace: String,
+    /// The journal ConfigMap's name (after the provisioner's Lease name).
+    pub journal_name: String,
 }
 
 /// Everything a reconcile needs.
@@ -91,6 +97,8 @@ pub struct Context {
     pub leadership: Leadership,
     /// What this process just wrote that the caches may not show yet ([`recent`]).
     pub recent: recent::Recent,
+    /// The provisioning intents that are not on their claims ([`journal`]).
+    pub journal: Arc<journal::Journal>,
 }
 
 impl Context {
@@ -119,6 +127,10 @@ impl Context {
         let _ = synced.wait_for(|synced| *synced).await;
     }
 }
+
+/// How often the journal's intents whose claims are gone are cleaned up
+/// ([`claims::sweep_journal`]).
+const JOURNAL_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often the retry state of objects that are gone is dropped ([`sweep_retries`]).
 const RETRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
@@ -271,8 +283,21 @@ pub async fn run(
             instance: Some(settings.identity.clone()),
         },
     );
+    // The intents a crashed (or deposed) leader left are read before anything is
+    // provisioned; the writer outlives the controllers, so their last clears are written.
+    let journal = journal::Journal::new(
+        client.clone(),
+        &settings.journal_namespace,
+        &settings.journal_name,
+        leadership.clone(),
+    );
+    journal.load(&stop).await;
+    let journal_stop = CancellationToken::new();
+    let journal_writer = tokio::spawn(journal.clone().run_writer(journal_stop.clone()));
+
     let (caches_synced_tx, caches_synced) = tokio::sync::watch::channel(false);
     let context = Arc::new(Context {
+        journal,
         caches_synced,
         leadership,
         client,
@@ -366,7 +391,25 @@ pub async fn run(
             }
         }
     };
-    futures::future::join4(claim_loop, volume_loop, readiness, depth).await;
+    let journal_sweep = {
+        let context = context.clone();
+        let stop = stop.clone();
+        async move {
+            context.caches_synced().await;
+            while !stop.is_cancelled() {
+                claims::sweep_journal(&context).await;
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = tokio::time::sleep(JOURNAL_SWEEP_INTERVAL) => {}
+                }
+            }
+        }
+    };
+    futures::future::join5(claim_loop, volume_loop, readiness, depth, journal_sweep).await;
+    journal_stop.cancel();
+    if let Err(error) = journal_writer.await {
+        warn!(%error, "provisioning journal writer failed");
+    }
     context.events.flush(Duration::from_secs(5)).await;
     watcher_stop.cancel();
     health

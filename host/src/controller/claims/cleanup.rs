@@ -2,12 +2,18 @@
 //! for once more and deleted, so nothing is left behind.
 
 use super::*;
+use kube::runtime::reflector::ObjectRef;
 
-/// The claim is being deleted with our finalizer on: provisioning may have left a
-/// backend volume. Ask the plugin for it again (idempotent by PV name) and delete it;
-/// retried until the plugin answers definitively. Never given up on.
+/// The claim is being deleted (or is gone: the journal's copy) with its provisioning
+/// intent recorded: provisioning may have left a backend volume. Ask the plugin for it
+/// again (idempotent by PV name) and delete it; retried until the plugin answers
+/// definitively. Never given up on.
 pub(super) async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
     let claim_key = ClaimView(claim).key();
+    let Some(_hold) = ctx.journal.hold(&key(claim)) else {
+        // The provision attempt or the journal's sweep is at it.
+        return Ok(Action::requeue(shares::RECHECK));
+    };
     let cleanup_error = |message: String| Error::Cleanup {
         claim: claim_key.clone(),
         message,
@@ -24,7 +30,7 @@ pub(super) async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Res
     {
         // Published: the PV owns the backend volume now (and deletes it, if it is on
         // its way out).
-        remove_claim_finalizer(ctx, claim).await?;
+        release_intent(ctx, claim).await?;
         return Ok(Action::await_change());
     }
     // No PV, or a PV of this name that is another claim's (made by hand, or copied):
@@ -74,7 +80,7 @@ pub(super) async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Res
                 Ok(Ok(())) => {
                     ctx.settings.faults.after(Step::GuestDelete, &claim_key);
                     info!(claim = %claim_key, volume = %pv_name, "claim deleted mid-flight; its backend volume was deleted");
-                    remove_claim_finalizer(ctx, claim).await?;
+                    release_intent(ctx, claim).await?;
                     Ok(Action::await_change())
                 }
                 Ok(Err(error)) => Err(cleanup_error(format!("plugin delete failed: {error:?}"))),
@@ -88,12 +94,34 @@ pub(super) async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Res
             | ProvisionError::Reschedule(_)
             | ProvisionError::Infeasible(_),
         )) => {
-            remove_claim_finalizer(ctx, claim).await?;
+            release_intent(ctx, claim).await?;
             Ok(Action::await_change())
         }
         Ok(Err(ProvisionError::InBackground(message))) => Err(cleanup_error(format!(
             "the plugin is still working in the background: {message}"
         ))),
         Err(error) => Err(cleanup_error(error.to_string())),
+    }
+}
+
+/// The journal's intents whose claims are gone from the API (deleted while a provision
+/// attempt was on the wire, or while no host ran after a crash): each is cleaned up
+/// from the journal's copy of the claim, as a deleted claim with our finalizer is.
+/// Retried at every sweep until the plugin answers definitively.
+pub async fn sweep_journal(ctx: &Context) {
+    for (uid, claim) in ctx.journal.unheld_entries() {
+        let live = ctx.claims.get(&ObjectRef::from_obj(&claim));
+        if live.is_some_and(|live| live.metadata.uid.as_deref() == Some(uid.as_str())) {
+            // Its reconciles own it (a claim being deleted goes through `cleanup`).
+            continue;
+        }
+        match cleanup(&claim, ctx).await {
+            Ok(_) => {
+                info!(claim = %ClaimView(&claim).key(), %uid, "provisioning journal: the claim is gone; its provisioning intent was cleaned up")
+            }
+            Err(error) => {
+                warn!(%error, %uid, "provisioning journal: cleaning up after a gone claim did not finish; retrying")
+            }
+        }
     }
 }

@@ -2,13 +2,17 @@
 //! plugin.
 //!
 //! No backend volume is ever orphaned. Before the plugin is first asked to provision,
-//! the claim gets our finalizer (`wasm-provisioner.dev/provisioning`): the intent is
-//! persisted in the API, not in memory. The finalizer comes off only once the claim's
-//! PV exists (the PV then owns the backend volume) or once nothing is left in the
+//! the intent is persisted in the API, not in memory: in the provisioning journal
+//! ([`super::journal`], no claim write), and, once an attempt ends with something
+//! possibly left in the backend that no PV owns (in-background, a trap, a PV that
+//! could not be saved), on the claim as our finalizer
+//! (`wasm-provisioner.dev/provisioning`). The intent goes only once the claim's PV
+//! exists (the PV then owns the backend volume) or once nothing is left in the
 //! backend. A process killed between the plugin's answer and the PV create finds the
-//! claim again on restart: if the claim still exists the plugin (idempotent by PV
+//! intent again on restart: if the claim still exists the plugin (idempotent by PV
 //! name) answers the same volume and the PV is created; if the claim was deleted
-//! meanwhile, [`cleanup`] asks the plugin for the volume once more and deletes it.
+//! meanwhile, [`cleanup`] (from [`sweep_journal`] for a claim gone from the API) asks
+//! the plugin for the volume once more and deletes it.
 //!
 //! When the PV cannot be saved after `pv_save_retries` tries, the backend volume is
 //! deleted (the seed's choice), with ProvisioningCleanupFailed when that fails too; the
@@ -25,6 +29,7 @@ mod provision;
 mod reconcile;
 
 use cleanup::cleanup;
+pub use cleanup::sweep_journal;
 use provision::provision;
 pub use reconcile::reconcile;
 use reconcile::resolve_module;
@@ -45,6 +50,7 @@ use tracing::{info, warn};
 use super::Context;
 use super::faults::Step;
 use super::finalizers::{self, Edited};
+use super::journal::JournalError;
 use super::retry::Next;
 use super::shares;
 use crate::claim::ClaimView;
@@ -100,12 +106,25 @@ pub enum Error {
     /// backend is clean, never given up on.
     #[error("claim {claim} is being deleted; cleaning up its backend volume: {message}")]
     Cleanup { claim: String, message: String },
+    /// The provisioning journal could not store the intent: nothing was provisioned.
+    #[error("claim {claim}: {message}")]
+    Journal { claim: String, message: String },
     /// The leadership fence closed: nothing more is done; the next leader takes over.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
 }
 
 impl Error {
+    fn journal(claim: &PersistentVolumeClaim, error: JournalError) -> Self {
+        match error {
+            JournalError::NotLeader(fenced) => Error::NotLeader(fenced),
+            error @ JournalError::Write { .. } => Error::Journal {
+                claim: ClaimView(claim).key(),
+                message: error.to_string(),
+            },
+        }
+    }
+
     fn api(claim: &PersistentVolumeClaim, source: kube::Error) -> Self {
         Error::Api {
             claim: ClaimView(claim).key(),
@@ -355,6 +374,42 @@ async fn add_claim_finalizer(
 /// stale copy without the finalizer would make this a no-op).
 async fn remove_claim_finalizer(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), Error> {
     set_claim_finalizer(ctx, claim, false).await.map(drop)
+}
+
+/// Whether provisioning of `claim` is under way: its intent is in the journal or on the
+/// claim (our finalizer).
+fn intent_recorded(ctx: &Context, claim: &PersistentVolumeClaim) -> bool {
+    ClaimView(claim).has_finalizer(names::FINALIZER_CLAIM_PROVISIONING)
+        || ctx.journal.contains(&key(claim))
+}
+
+/// Provisioning of `claim` is over with nothing in the backend that no PV owns: its
+/// intent goes, from the journal and from the claim. `claim` must be as fresh as the
+/// last write of ours to it.
+async fn release_intent(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), Error> {
+    ctx.leadership.check("provisioning intent release")?;
+    ctx.journal.clear(&key(claim));
+    if ClaimView(claim).has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) {
+        remove_claim_finalizer(ctx, claim).await?;
+    }
+    Ok(())
+}
+
+/// The attempt ended with something possibly left in the backend that no PV owns (the
+/// module works in the background, a call trapped, the PV could not be saved): the
+/// intent moves onto the claim as our finalizer, visible and kept while the claim is
+/// retried. A claim gone meanwhile keeps its journal entry, which the sweep cleans up.
+async fn keep_intent(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), Error> {
+    if ClaimView(claim).has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) {
+        return Ok(());
+    }
+    if add_claim_finalizer(ctx, claim).await?.is_some() {
+        ctx.settings
+            .faults
+            .after(Step::FinalizerAdd, &ClaimView(claim).key());
+        ctx.journal.clear(&key(claim));
+    }
+    Ok(())
 }
 
 /// Reschedule: drop the selected-node annotations so the scheduler picks again.

@@ -1,10 +1,10 @@
-//! Provisioning: the finalizer first, the guest call, then publishing the PV, or
-//! discarding the backend volume when it cannot be published.
+//! Provisioning: the intent first (the journal), the guest call, then publishing the
+//! PV, or discarding the backend volume when it cannot be published.
 
 use super::*;
 
 /// A host-side failure of a guest call (trap, timeout, ...): the backend may hold a
-/// half-made volume, so the finalizer stays, like in-background.
+/// half-made volume, so the intent stays (on the claim), like in-background.
 pub(super) async fn call_failed(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
@@ -34,14 +34,19 @@ pub(super) async fn provision(
     let gauge = ctx.metrics.in_flight.with_label_values(&["provision"]);
     let _in_flight = InFlight::start(&gauge);
 
-    // Persist the intent before the backend is touched. From here on `claim` is the
-    // fresh object, so later finalizer edits see our finalizer.
-    let Some(claim) = add_claim_finalizer(ctx, claim).await? else {
-        info!(claim = %claim_key, "the claim is gone or being deleted; not provisioning");
-        return Ok(Action::await_change());
+    // Persist the intent before the backend is touched: in the journal, unless it is on
+    // the claim already (our finalizer, from an earlier attempt).
+    let Some(_hold) = ctx.journal.hold(&key(claim)) else {
+        // The journal's sweep is cleaning up an earlier attempt's entry of this claim.
+        return Ok(Action::requeue(shares::RECHECK));
     };
-    let claim = &claim;
-    ctx.settings.faults.after(Step::FinalizerAdd, &claim_key);
+    if !ClaimView(claim).has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) {
+        ctx.journal
+            .record(claim)
+            .await
+            .map_err(|error| Error::journal(claim, error))?;
+        ctx.settings.faults.after(Step::JournalRecord, &claim_key);
+    }
     ctx.events
         .claim_normal(
             claim,
@@ -66,9 +71,15 @@ pub(super) async fn provision(
     );
 
     let volume = match answer {
-        // The finalizer stays (harmless: the module did nothing); retried shortly.
-        Err(source @ CallError::Busy { .. }) => return Ok(busy(claim, &source)),
-        Err(source) => return Err(call_failed(ctx, claim, class, source).await),
+        // The module did nothing; retried shortly.
+        Err(source @ CallError::Busy { .. }) => {
+            ctx.journal.clear(&key(claim));
+            return Ok(busy(claim, &source));
+        }
+        Err(source) => {
+            keep_intent(ctx, claim).await?;
+            return Err(call_failed(ctx, claim, class, source).await);
+        }
         Ok(Err(error)) => return provision_refused(ctx, claim, class, module, error).await,
         Ok(Ok(volume)) => volume,
     };
@@ -100,7 +111,7 @@ async fn provision_refused(
         info!(claim = %claim_key, module = module.name(), %message, "plugin ignored the claim");
         ctx.claim_retries
             .hold(&key(claim), fingerprint(claim), ctx.settings.resync_period);
-        remove_claim_finalizer(ctx, claim).await?;
+        release_intent(ctx, claim).await?;
         return Ok(resync(ctx));
     }
 
@@ -110,14 +121,14 @@ async fn provision_refused(
     );
     attempt_failed(ctx, claim, class, note).await;
     match error {
-        // The backend may still be working: keep the finalizer, retry.
-        ProvisionError::InBackground(_) => {}
+        // The backend may still be working: the intent stays (on the claim), retry.
+        ProvisionError::InBackground(_) => keep_intent(ctx, claim).await?,
         ProvisionError::Reschedule(_) => {
-            remove_claim_finalizer(ctx, claim).await?;
+            release_intent(ctx, claim).await?;
             remove_selected_node(ctx, claim).await?;
         }
         ProvisionError::Infeasible(_) => {
-            remove_claim_finalizer(ctx, claim).await?;
+            release_intent(ctx, claim).await?;
             return Err(Error::Infeasible {
                 claim: claim_key,
                 module: module.name().to_string(),
@@ -125,7 +136,7 @@ async fn provision_refused(
                 class_version: class.resource_version().unwrap_or_default(),
             });
         }
-        _ => remove_claim_finalizer(ctx, claim).await?,
+        _ => release_intent(ctx, claim).await?,
     }
     Err(Error::Outcome {
         claim: claim_key,
@@ -194,11 +205,13 @@ async fn publish(
                     format!("Successfully provisioned volume {}", pv.name_any()),
                 )
                 .await;
-            // Our finalizer stays until the binder has bound the claim to this PV (the
-            // claim's next reconcile): removed now, it would race the binder's
-            // update of the claim and make it sync the Pending claim once more. The
-            // PV holds the backend volume from here on, so a claim deleted meanwhile
-            // only loses the finalizer (`cleanup`).
+            // The PV holds the backend volume from here on: the journal entry goes
+            // (with the journal's next write, not waited for). A finalizer of an
+            // earlier attempt stays until the binder has bound the claim to this PV
+            // (the claim's next reconcile): removed now, it would race the binder's
+            // update of the claim and make it sync the Pending claim once more; a
+            // claim deleted meanwhile only loses the finalizer (`cleanup`).
+            ctx.journal.clear(&key(claim));
             ctx.claim_retries.forget(&key(claim));
             Ok(resync(ctx))
         }
@@ -206,6 +219,7 @@ async fn publish(
         Saved::Conflict(message) => {
             // A PV of this name exists but is not this claim's live volume (one on its
             // way out): that PV's deletion owns the backend volume of the same name.
+            keep_intent(ctx, claim).await?;
             attempt_failed(ctx, claim, class, message.clone()).await;
             Err(Error::Save {
                 claim: claim_key,
@@ -222,7 +236,8 @@ async fn publish(
 
 /// Deletes, through the module, a backend volume that was made but not published, so
 /// nothing is left behind; then provisioning is retried with back-off. If the delete
-/// fails, the claim keeps its finalizer (the volume exists) and the cleanup is retried.
+/// fails, the intent moves onto the claim as its finalizer (the volume exists) and the
+/// cleanup is retried.
 async fn discard(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
@@ -249,7 +264,7 @@ async fn discard(
                     ),
                 )
                 .await;
-            remove_claim_finalizer(ctx, claim).await?;
+            release_intent(ctx, claim).await?;
             return Err(Error::Save {
                 claim: claim_key,
                 message,
@@ -258,6 +273,7 @@ async fn discard(
         Ok(Err(error)) => format!("{error:?}"),
         Err(error) => error.to_string(),
     };
+    keep_intent(ctx, claim).await?;
     ctx.events
         .claim_warning(
             claim,

@@ -19,7 +19,7 @@ pub async fn reconcile(
         return Ok(resync(&ctx));
     }
     if view.is_deleting() {
-        if view.has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) {
+        if intent_recorded(&ctx, &claim) {
             return cleanup(&claim, &ctx).await;
         }
         ctx.claim_retries.forget(&key);
@@ -35,7 +35,7 @@ pub async fn reconcile(
         if volume == volume_name_for(&claim) && !view.binding_settled() {
             return Ok(Action::await_change());
         }
-        remove_claim_finalizer(&ctx, &claim).await?;
+        release_intent(&ctx, &claim).await?;
         ctx.claim_retries.forget(&key);
         return Ok(resync(&ctx));
     }
@@ -79,7 +79,9 @@ pub async fn reconcile(
         None => ctx.recent.was_created(&pv_name),
     };
     if published {
-        // The binder binds it next; the finalizer goes once it is Bound (above).
+        // The binder binds it next; a finalizer goes once it is Bound (above). A journal
+        // entry (of an attempt cut short after the PV create) goes now.
+        ctx.journal.clear(&key);
         ctx.claim_retries.forget(&key);
         return Ok(resync(&ctx));
     }
@@ -109,14 +111,14 @@ pub async fn reconcile(
 
     // WaitForFirstConsumer: the selected node must still exist, or the scheduler must
     // pick again (claims otherwise stay Pending forever on a vanished node). Unless a
-    // provision is under way (our finalizer is on: the module's last answer was "in
-    // background", or the call failed half-way): a volume may still be in the making on
+    // provision is under way (its intent is recorded: the module's last answer was "in
+    // background", the call failed half-way, or the host died during it): a volume may still be in the making on
     // that node, so the module is asked again with the node's name, and only its final
     // answer (a "reschedule", a failure) sends the claim back to the scheduler.
     let node = match view.selected_node() {
         Some(name) => match node_cached_or_live(&ctx, &claim, name).await? {
             Some(node) => Some(node),
-            None if view.has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) => {
+            None if intent_recorded(&ctx, &claim) => {
                 info!(claim = %view.key(), node = name, "the selected node is gone, but provisioning is under way; asking the module before rescheduling");
                 Some(Arc::new(vanished_node(name)))
             }
