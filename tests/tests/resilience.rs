@@ -49,7 +49,7 @@ async fn crash_between_provision_and_pv_create_then_restart_publishes_the_volume
     );
     assert_eq!(
         fx.journal_entries().await?,
-        [uid.clone()],
+        std::slice::from_ref(&uid),
         "intent persisted in the journal"
     );
 
@@ -194,6 +194,54 @@ async fn leader_hands_over_between_two_hosts() -> anyhow::Result<()> {
         !status.success(),
         "losing the lease exits non-zero: {status:?}"
     );
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// A namespace tenant's claim too large for the journal (20 KiB of annotations; the API
+/// takes up to 256 KiB, and a few such claims together would pass the 1 MiB a ConfigMap
+/// may hold, failing every other claim's journal write): its intent goes on the claim as
+/// our finalizer instead, so the journal never holds it, and a crash at the same point
+/// still publishes exactly one volume.
+#[tokio::test]
+async fn a_claim_too_large_for_the_journal_keeps_its_intent_on_the_claim() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("crash-large").await?;
+    fx.install_module("hostpath", "hostpath");
+    let class = fx
+        .class("hostpath", &[("nodePath", "/srv/volumes")], json!({}))
+        .await?;
+    let mut crashing = fx.host(&["--fault-exit-after=guest-provision"]);
+    let blob = "x".repeat(20 * 1024);
+    let claim = fx
+        .claim(
+            "large",
+            &class,
+            "1Gi",
+            json!({"metadata": {"annotations": {"example.com/blob": blob}}}),
+        )
+        .await?;
+    assert_eq!(crashing.wait(WAIT)?.code(), Some(137));
+    let uid = claim.uid().unwrap();
+    assert!(
+        fx.journal_entries().await?.is_empty(),
+        "the journal never takes a claim this large"
+    );
+    let claim = fx.claims().get("large").await?;
+    assert!(
+        claim.finalizers().iter().any(|f| f == FINALIZER_CLAIM),
+        "the intent is on the claim instead"
+    );
+
+    let host = fx.host(&[]);
+    let pv = fx.wait_bound("large").await?;
+    assert_eq!(pv.name_any(), format!("pvc-{uid}"));
+    fx.wait_claim("large", "our finalizer removed once Bound", |c| {
+        c.is_some_and(|c| !c.finalizers().iter().any(|f| f == FINALIZER_CLAIM))
+    })
+    .await?;
+    let entries: Vec<_> = std::fs::read_dir(fx.module_data("hostpath"))?.collect();
+    assert_eq!(entries.len(), 1, "exactly one backend volume: {entries:?}");
+    drop(host);
     fx.cleanup().await;
     Ok(())
 }

@@ -55,6 +55,13 @@ pub enum JournalError {
     NotLeader(#[from] NotLeader),
 }
 
+/// The largest entry the journal takes: a claim with more (annotations up to the API's
+/// 256 KiB, from a namespace tenant) has its intent put on the claim as our finalizer
+/// instead, so no tenant can grow the journal past the API's 1 MiB object limit and
+/// stall every other claim's provisioning. A usual claim takes 0.5-2 KiB; with every
+/// worker's entry this size the journal stays well under the limit.
+pub const MAX_ENTRY_BYTES: usize = 8 * 1024;
+
 /// The ConfigMap's name for a provisioner's Lease name.
 pub fn journal_name(lease_name: &str) -> String {
     format!("{lease_name}-journal")
@@ -199,25 +206,30 @@ impl Journal {
     }
 
     /// Persists the intent to provision `claim`; returns once the journal in the API
-    /// holds it (at once when it already does).
-    pub async fn record(&self, claim: &PersistentVolumeClaim) -> Result<(), JournalError> {
+    /// holds it (at once when it already does), or `Ok(false)` without a write when the
+    /// claim is too large for it ([`MAX_ENTRY_BYTES`]).
+    pub async fn record(&self, claim: &PersistentVolumeClaim) -> Result<bool, JournalError> {
         let uid = claim.uid().unwrap_or_default();
         let done = {
             let mut state = self.state();
             if state.stored.contains_key(&uid) && !state.removes.contains(&uid) {
-                return Ok(());
+                return Ok(true);
+            }
+            if !state.adds.contains_key(&uid) {
+                let entry = stored_claim(claim);
+                if entry.len() > MAX_ENTRY_BYTES {
+                    return Ok(false);
+                }
+                state.adds.insert(uid.clone(), entry);
             }
             state.removes.remove(&uid);
-            if !state.adds.contains_key(&uid) {
-                state.adds.insert(uid.clone(), stored_claim(claim));
-            }
             let (sender, receiver) = oneshot::channel();
             state.waiters.push((uid, sender));
             receiver
         };
         self.wake.notify_one();
         match done.await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => Ok(true),
             Ok(Err(WriteFailure::NotLeader)) => Err(NotLeader {
                 step: "provisioning journal write",
             }
@@ -324,7 +336,7 @@ impl Journal {
                 // Somebody else wrote it (or it was deleted): apply the changes again to
                 // what is there now, later changes of the same entry first.
                 state.resource_version = fresh.as_ref().and_then(|c| c.resource_version());
-                state.stored = fresh.and_then(|c| c.data).unwrap_or_default();
+                state.stored = fresh.and_then(|c| c.data.clone()).unwrap_or_default();
                 requeue(&mut state, adds, removes, waiters);
                 Err(Duration::ZERO)
             }
@@ -372,7 +384,7 @@ impl Journal {
             Ok(written) => Ok(written.resource_version()),
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
                 match self.api.get_opt(&self.name).await {
-                    Ok(fresh) => Err(Failure::Stale(fresh)),
+                    Ok(fresh) => Err(Failure::Stale(fresh.map(Box::new))),
                     Err(error) => Err(Failure::Other(error.to_string())),
                 }
             }
@@ -383,7 +395,7 @@ impl Journal {
 
 enum Failure {
     /// Not written: the ConfigMap is not as we last saw it (here it is now).
-    Stale(Option<ConfigMap>),
+    Stale(Option<Box<ConfigMap>>),
     /// Not written: this process no longer leads.
     NotLeader,
     Other(String),

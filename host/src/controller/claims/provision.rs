@@ -40,13 +40,28 @@ pub(super) async fn provision(
         // The journal's sweep is cleaning up an earlier attempt's entry of this claim.
         return Ok(Action::requeue(shares::RECHECK));
     };
+    let mut fresh = None;
     if !ClaimView(claim).has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) {
-        ctx.journal
+        let journaled = ctx
+            .journal
             .record(claim)
             .await
             .map_err(|error| Error::journal(claim, error))?;
-        ctx.settings.faults.after(Step::JournalRecord, &claim_key);
+        if journaled {
+            ctx.settings.faults.after(Step::JournalRecord, &claim_key);
+        } else {
+            // Too large for the journal: the intent goes on the claim (the slow path).
+            // From here on `claim` is the fresh object, so later finalizer edits see
+            // our finalizer.
+            let Some(added) = add_claim_finalizer(ctx, claim).await? else {
+                info!(claim = %claim_key, "the claim is gone or being deleted; not provisioning");
+                return Ok(Action::await_change());
+            };
+            ctx.settings.faults.after(Step::FinalizerAdd, &claim_key);
+            fresh = Some(added);
+        }
     }
+    let claim = fresh.as_ref().unwrap_or(claim);
     ctx.events
         .claim_normal(
             claim,
