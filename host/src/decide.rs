@@ -137,14 +137,16 @@ impl fmt::Display for SkipProvision {
 
 /// Whether to provision `claim`, whose class (found by [`ClaimView::class_name`]) is `class`
 /// when it exists, for a host answering to `provisioner_names`, with the plugin
-/// described by `info`. Rules, in order: not bound; annotated for us; not being
-/// deleted; class exists and is ours; a WaitForFirstConsumer class has a selected node;
-/// block only if the plugin supports it; a data source only of a kind the plugin lists.
+/// described by `info`. Rules, in order: not bound; annotated for us (or, when
+/// `before_binder`, not annotated at all: the class decides); not being deleted; class
+/// exists and is ours; a WaitForFirstConsumer class has a selected node; block only if
+/// the plugin supports it; a data source only of a kind the plugin lists.
 pub fn should_provision(
     claim: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
     provisioner_names: &[&str],
     info: &PluginInfo,
+    before_binder: bool,
 ) -> ProvisionDecision {
     use ProvisionDecision::Skip;
     let spec = claim.spec.as_ref();
@@ -159,7 +161,9 @@ pub fn should_provision(
     }
 
     let provisioner = ClaimView(claim).provisioner();
-    if !provisioner.is_some_and(|p| provisioner_names.contains(&p)) {
+    let announced = provisioner.is_some_and(|p| provisioner_names.contains(&p));
+    let unannounced_taken = before_binder && provisioner.is_none();
+    if !(announced || unannounced_taken) {
         return Skip(SkipProvision::NotOurs {
             provisioner: provisioner.map(str::to_owned),
         });
@@ -397,7 +401,7 @@ mod tests {
     }
 
     fn decide(c: &PersistentVolumeClaim, k: Option<&StorageClass>) -> ProvisionDecision {
-        should_provision(c, k, NAMES, &info())
+        should_provision(c, k, NAMES, &info(), false)
     }
 
     fn skip(c: &PersistentVolumeClaim, k: Option<&StorageClass>) -> SkipProvision {
@@ -471,6 +475,35 @@ mod tests {
             skip(&c, Some(&class())),
             SkipProvision::NotOurs { provisioner: None }
         );
+    }
+
+    #[test]
+    fn before_the_binder_an_unannotated_claim_is_ours_by_its_class_but_never_another_s() {
+        let mut c = claim();
+        unannotate(&mut c, names::ANN_STORAGE_PROVISIONER);
+        let early = |c: &PersistentVolumeClaim, k: &StorageClass| {
+            should_provision(c, Some(k), NAMES, &info(), true)
+        };
+        assert_eq!(early(&c, &class()), ProvisionDecision::Provision);
+        let mut theirs = class();
+        theirs.provisioner = "other.example.com".into();
+        assert!(matches!(
+            early(&c, &theirs),
+            ProvisionDecision::Skip(SkipProvision::ClassNotOurs { .. })
+        ));
+        // The binder's announcement of another provisioner wins over the class.
+        annotate(&mut c, names::ANN_STORAGE_PROVISIONER, "other.example.com");
+        assert!(matches!(
+            early(&c, &class()),
+            ProvisionDecision::Skip(SkipProvision::NotOurs { .. })
+        ));
+        // Every other rule still holds: a WaitForFirstConsumer class waits for its node.
+        let mut c = claim();
+        unannotate(&mut c, names::ANN_STORAGE_PROVISIONER);
+        assert!(matches!(
+            early(&c, &wffc()),
+            ProvisionDecision::Skip(SkipProvision::WaitingForNode { .. })
+        ));
     }
 
     #[test]
@@ -585,7 +618,7 @@ mod tests {
         let mut block = info();
         block.supports_block = true;
         assert_eq!(
-            should_provision(&c, Some(&class()), NAMES, &block),
+            should_provision(&c, Some(&class()), NAMES, &block, false),
             ProvisionDecision::Provision
         );
         c.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());

@@ -85,6 +85,14 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_VOLUME_FINALIZER", default_value_t = true, action = clap::ArgAction::Set)]
     pub volume_protection_finalizer: bool,
 
+    /// Provision a claim of one of our classes as soon as it is seen, before
+    /// kube-controller-manager's binder announces it (its storage-provisioner
+    /// annotation), unless an existing PV may be the claim's (an unclaimed PV of its
+    /// class, or one whose claimRef names it): the binder then binds at once instead of
+    /// announcing first. `false` waits for the announcement, as the Go library does.
+    #[arg(long, env = "WASM_PROVISIONER_PROVISION_BEFORE_BINDER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub provision_before_binder: bool,
+
     /// Average Kubernetes API requests per second of this process.
     #[arg(long, env = "WASM_PROVISIONER_KUBE_API_QPS", default_value_t = DEFAULT_KUBE_API_QPS)]
     pub kube_api_qps: u32,
@@ -161,6 +169,7 @@ impl ControllerArgs {
             pv_save_retries: self.pv_save_retries,
             pv_save_interval: self.pv_save_interval,
             volume_protection_finalizer: self.volume_protection_finalizer,
+            provision_before_binder: self.provision_before_binder,
             faults: Faults {
                 steps: self.fault_exit_after.clone(),
                 probability: self.fault_exit_probability,

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::cluster::wait_for;
@@ -114,7 +114,13 @@ async fn plugin_outcomes_are_handled_as_the_library_does() -> anyhow::Result<()>
     let ignored = fx
         .class("echo", &[("outcome", "ignored")], json!({}))
         .await?;
-    fx.claim("ignored", &ignored, "1Gi", json!({})).await?;
+    // Announced as the binder would: before that, the host may ask once at first sight
+    // (`--provision-before-binder`) and once more when the announcement changes the
+    // claim, so the count of calls below would depend on who is first.
+    let announced = json!({ "metadata": { "annotations": {
+        "volume.kubernetes.io/storage-provisioner": fx.provisioner,
+    } } });
+    fx.claim("ignored", &ignored, "1Gi", announced).await?;
 
     // in-background: the finalizer stays (the backend may be working) and the host
     // keeps asking until the plugin answers definitively. `outcomeFile` lets the test
@@ -601,6 +607,104 @@ async fn selected_node_stays_while_the_module_works_in_the_background() -> anyho
         })
     })
     .await?;
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// Claims are provisioned before the binder announces them (`--provision-before-binder`,
+/// on by default), but never when an existing PV may be the claim's: an Available PV of
+/// its class (static provisioning) or a PV whose claimRef names it (reserved). Those
+/// claims wait for the binder, which binds them to that PV and never announces them,
+/// so no volume is made for them. Once the static PV is taken, the next claim of the
+/// class is provisioned.
+#[tokio::test]
+async fn a_static_or_reserved_volume_is_bound_before_anything_is_provisioned() -> anyhow::Result<()>
+{
+    let mut fx = Fixture::new("static-first").await?;
+    fx.install_module("hostpath", "hostpath");
+    let class = fx
+        .class(
+            "hostpath",
+            &[("nodePath", "/var/lib/wasm-provisioner/hostpath")],
+            json!({ "reclaimPolicy": "Delete" }),
+        )
+        .await?;
+    let static_pv = |name: &str, claim: Option<&str>| -> anyhow::Result<PersistentVolume> {
+        let mut pv = json!({
+            "metadata": { "name": name },
+            "spec": {
+                "capacity": { "storage": "1Gi" },
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": class,
+                "hostPath": { "path": format!("/srv/static/{name}") },
+            },
+        });
+        if let Some(claim) = claim {
+            pv["spec"]["claimRef"] = json!({
+                "kind": "PersistentVolumeClaim",
+                "namespace": fx.ctx.namespace,
+                "name": claim,
+            });
+        }
+        Ok(serde_json::from_value(pv)?)
+    };
+    let offered = format!("{}-offered", fx.ctx.namespace);
+    let reserved = format!("{}-reserved", fx.ctx.namespace);
+    let volumes = fx.volumes();
+    volumes
+        .create(&PostParams::default(), &static_pv(&offered, None)?)
+        .await?;
+    volumes
+        .create(&PostParams::default(), &static_pv(&reserved, Some("mine"))?)
+        .await?;
+    wait_for("the static PVs to be Available", WAIT, || async {
+        let mut available = 0;
+        for name in [&offered, &reserved] {
+            let pv = volumes.get(name).await?;
+            available +=
+                usize::from(pv.status.and_then(|s| s.phase).as_deref() == Some("Available"));
+        }
+        Ok((available == 2).then_some(()))
+    })
+    .await?;
+
+    let host = fx.host(&[]);
+    // A PV reserved for "mine" that is too small would still be the binder's to judge;
+    // this one fits. Both claims exist before the binder may look at either.
+    let mine = fx.claim("mine", &class, "1Gi", json!({})).await?;
+    let any = fx.claim("any", &class, "512Mi", json!({})).await?;
+    assert_eq!(fx.wait_bound("mine").await?.name_any(), reserved);
+    assert_eq!(fx.wait_bound("any").await?.name_any(), offered);
+    // Give a wrong provision time to land: none may have been made for either claim.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for claim in [&mine, &any] {
+        let made = format!("pvc-{}", claim.uid().unwrap());
+        let events = fx.events(&fx.ctx.namespace, &claim.name_any()).await?;
+        assert!(
+            volumes.get_opt(&made).await?.is_none()
+                && !events
+                    .iter()
+                    .any(|(reason, _)| reason.starts_with("Provisioning")),
+            "claim {} was provisioned although a static PV was its: {events:?}\n{}",
+            claim.name_any(),
+            host.log_text()
+        );
+    }
+
+    // The class has no free PV left: the next claim is provisioned.
+    let fresh = fx.claim("fresh", &class, "1Gi", json!({})).await?;
+    let pv = fx.wait_bound("fresh").await?;
+    assert_eq!(pv.name_any(), format!("pvc-{}", fresh.uid().unwrap()));
+
+    for claim in ["mine", "any", "fresh"] {
+        fx.claims().delete(claim, &DeleteParams::default()).await?;
+    }
+    fx.wait_volume_gone(&pv.name_any()).await?;
+    for name in [&offered, &reserved] {
+        volumes.delete(name, &DeleteParams::default()).await?;
+    }
     drop(host);
     fx.cleanup().await;
     Ok(())

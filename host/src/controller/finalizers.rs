@@ -28,12 +28,14 @@ pub enum Edited<K> {
 
 /// Makes `finalizer` present (`add`) or absent on `object`. `object` must be as fresh
 /// as the last write of ours to it: a stale copy that does not show an edit of ours
-/// would make this a no-op.
+/// would make this a no-op. `annotation`, when adding, is set in the same patch (an
+/// annotations map merges by key, so no other annotation is touched).
 pub async fn set<K>(
     api: &Api<K>,
     object: &K,
     finalizer: &str,
     add: bool,
+    annotation: Option<(&str, &str)>,
 ) -> Result<Edited<K>, kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
@@ -41,7 +43,10 @@ where
     if object.finalizers().iter().any(|f| f == finalizer) == add {
         return Ok(Edited::Done(object.clone()));
     }
-    let patch = patch(object.uid().as_deref(), finalizer, add);
+    let mut patch = patch(object.uid().as_deref(), finalizer, add);
+    if let Some((key, value)) = annotation.filter(|_| add) {
+        patch["metadata"]["annotations"] = json!({ key: value });
+    }
     match api
         .patch(
             &object.name_any(),

@@ -14,12 +14,13 @@ mod journal;
 mod recent;
 pub mod retry;
 pub mod shares;
+mod static_volumes;
 pub mod volumes;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
@@ -70,6 +71,9 @@ pub struct Settings {
     pub journal_namespace: String,
     /// The journal ConfigMap's name (after the provisioner's Lease name).
     pub journal_name: String,
+    /// Provision a claim of one of our classes before the binder announces it, unless
+    /// an existing PV may be its ([`static_volumes`]).
+    pub provision_before_binder: bool,
 }
 
 /// Everything a reconcile needs.
@@ -99,6 +103,8 @@ pub struct Context {
     pub recent: recent::Recent,
     /// The provisioning intents that are not on their claims ([`journal`]).
     pub journal: Arc<journal::Journal>,
+    /// The PVs the binder could give a claim instead of a new volume ([`static_volumes`]).
+    pub static_volumes: Arc<static_volumes::StaticVolumes>,
 }
 
 impl Context {
@@ -174,6 +180,7 @@ fn sweep_retries(context: &Context) {
 fn cached<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
+    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
     K: kube::Resource<DynamicType = ()>
@@ -187,6 +194,7 @@ where
     watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|object| kube::ResourceExt::managed_fields_mut(object).clear())
+        .inspect_ok(observe)
         .reflect(writer)
         .applied_objects()
 }
@@ -252,7 +260,7 @@ pub async fn run(
         WorkerShares::new("claims", settings.threads, metrics.module_waiting.clone());
     let (claims, claims_writer) = reflector::store();
     let claim_controller =
-        Controller::for_stream(cached(claims_api, claims_writer), claims.clone())
+        Controller::for_stream(cached(claims_api, claims_writer, |_| {}), claims.clone())
             .with_config(config.clone())
             .reconcile_on(claim_wakeups);
     // A class change (for example a fixed parameter) retries its claims at once,
@@ -271,10 +279,14 @@ pub async fn run(
     let (volume_shares, volume_wakeups) =
         WorkerShares::new("volumes", settings.threads, metrics.module_waiting.clone());
     let (volumes, volumes_writer) = reflector::store();
-    let volume_controller =
-        Controller::for_stream(cached(volumes_api, volumes_writer), volumes.clone())
-            .with_config(config)
-            .reconcile_on(volume_wakeups);
+    let static_volumes = Arc::new(static_volumes::StaticVolumes::default());
+    let observed = static_volumes.clone();
+    let volume_events = cached(volumes_api, volumes_writer, move |event| {
+        observed.observe(event)
+    });
+    let volume_controller = Controller::for_stream(volume_events, volumes.clone())
+        .with_config(config)
+        .reconcile_on(volume_wakeups);
 
     let events = EventSink::new(
         client.clone(),
@@ -320,6 +332,7 @@ pub async fn run(
         events,
         metrics,
         recent: recent::Recent::default(),
+        static_volumes,
     });
 
     let claim_stop = stop.clone();

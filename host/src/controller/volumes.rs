@@ -336,7 +336,7 @@ async fn delete_failed(
 async fn edit_finalizer(ctx: &Context, pv: &PersistentVolume, add: bool) -> Result<(), Error> {
     ctx.leadership.check("PV finalizer edit")?;
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    finalizers::set(&api, pv, names::FINALIZER_PV_PROTECTION, add)
+    finalizers::set(&api, pv, names::FINALIZER_PV_PROTECTION, add, None)
         .await
         .map_err(|e| api_error(pv, e))?;
     Ok(())

@@ -345,9 +345,22 @@ async fn set_claim_finalizer(
     }
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
-    match finalizers::set(&api, claim, names::FINALIZER_CLAIM_PROVISIONING, add)
-        .await
-        .map_err(|e| Error::api(claim, e))?
+    // A claim provisioned before the binder announced it (`--provision-before-binder`)
+    // gets the announcement with the finalizer: the claim then says whose it is, so
+    // deleting it finds its way back here whatever becomes of its class.
+    let announce = ClaimView(claim).provisioner().is_none().then_some((
+        names::ANN_STORAGE_PROVISIONER,
+        ctx.settings.provisioner_name.as_str(),
+    ));
+    match finalizers::set(
+        &api,
+        claim,
+        names::FINALIZER_CLAIM_PROVISIONING,
+        add,
+        announce,
+    )
+    .await
+    .map_err(|e| Error::api(claim, e))?
     {
         Edited::Done(claim) => {
             ctx.recent.set_released(&key(&claim), !add);

@@ -14,8 +14,14 @@ pub async fn reconcile(
     let view = ClaimView(&claim);
     // Only claims for this provisioner: every wasm-provisioner instance uses the same
     // claim finalizer, so another instance's claims (even being deleted) are not ours.
+    // A claim of ours not announced yet is provisioned now when nothing else may be its
+    // volume (`--provision-before-binder`), or when its provisioning already started
+    // (its intent is in our journal).
     let names = [ctx.settings.provisioner_name.as_str()];
-    if !view.provisioner().is_some_and(|p| names.contains(&p)) {
+    let announced = view.provisioner().is_some_and(|p| names.contains(&p));
+    let before_binder =
+        !announced && (ctx.journal.contains(&key) || provisions_before_binder(&ctx, &claim));
+    if !announced && !before_binder {
         return Ok(resync(&ctx));
     }
     if view.is_deleting() {
@@ -99,7 +105,7 @@ pub async fn reconcile(
         data_source_kinds: Vec::new(),
     };
     let info = module.as_ref().map_or(&unknown, |m| m.info());
-    match decide::should_provision(&claim, class.as_deref(), &names, info) {
+    match decide::should_provision(&claim, class.as_deref(), &names, info, before_binder) {
         ProvisionDecision::Skip(reason) => return skip(&ctx, &claim, reason).await,
         ProvisionDecision::Provision => {}
     }
@@ -296,4 +302,30 @@ fn vanished_node(name: &str) -> PartialObjectMeta<Node> {
         },
         ..Default::default()
     }
+}
+
+/// Whether `claim`, which the binder has not announced to any provisioner yet, is
+/// provisioned now: `--provision-before-binder` is on, the claim names no volume and no
+/// selector, its class (as cached) is ours, and no existing PV may be its (an unclaimed
+/// PV of its class, or one whose claimRef names it: those are the binder's to bind, so
+/// the claim waits for the binder's announcement, as every claim does with the Go
+/// library). The binder, finding the claim's PV when it first looks, then binds at once
+/// instead of announcing the claim first (its claim update and Event).
+fn provisions_before_binder(ctx: &Context, claim: &PersistentVolumeClaim) -> bool {
+    let view = ClaimView(claim);
+    if !ctx.settings.provision_before_binder || view.provisioner().is_some() {
+        return false;
+    }
+    let spec = claim.spec.as_ref();
+    if spec.is_some_and(|s| {
+        s.selector.is_some() || s.volume_name.as_deref().is_some_and(|v| !v.is_empty())
+    }) {
+        return false;
+    }
+    let Some(class) = view.class_name() else {
+        return false;
+    };
+    ctx.class(&class)
+        .is_some_and(|c| c.provisioner == ctx.settings.provisioner_name)
+        && !ctx.static_volumes.may_bind(claim, &class)
 }
