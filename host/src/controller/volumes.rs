@@ -277,11 +277,19 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     remove_volume(ctx, pv).await
 }
 
-/// The backend is gone: deletes the PV object (unless it is being deleted already),
-/// then lets it go (our finalizer off). Each step is one request without a
-/// precondition, so the pv-protection controller's edits cannot make it conflict.
+/// The backend is gone: lets the PV go (our finalizer off), then deletes it (unless it
+/// is being deleted already). In this order our edit lands before the PV has a
+/// deletion timestamp, so it never races the pv-protection controller, which edits a
+/// PV (with a resourceVersion precondition) only once it is being deleted: removing our
+/// finalizer after the delete made a third of its edits fail with 409 and read the PV
+/// again (issue 11). A PV left Released without our finalizer (a crash in between) is
+/// deleted again from the top: the module's delete of a deleted volume succeeds.
 async fn remove_volume(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     let volume_name = pv.name_any();
+    let ours = decide::has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION);
+    if ours {
+        edit_finalizer(ctx, pv, false).await?;
+    }
     if pv.metadata.deletion_timestamp.is_none() {
         let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
         let deleted = ctx
@@ -297,9 +305,6 @@ async fn remove_volume(ctx: &Context, pv: &PersistentVolume) -> Result<Action, E
             Err(error) => return Err(api_error(pv, error)),
         }
         ctx.settings.faults.after(Step::PvDelete, &volume_name);
-    }
-    if decide::has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION) {
-        edit_finalizer(ctx, pv, false).await?;
     }
     ctx.recent.set_volume_stage(&key(pv), VolumeStage::Finished);
     ctx.volume_retries.forget(&key(pv));
