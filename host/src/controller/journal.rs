@@ -336,7 +336,7 @@ impl Journal {
                 // Somebody else wrote it (or it was deleted): apply the changes again to
                 // what is there now, later changes of the same entry first.
                 state.resource_version = fresh.as_ref().and_then(|c| c.resource_version());
-                state.stored = fresh.and_then(|c| c.data.clone()).unwrap_or_default();
+                state.stored = fresh.and_then(|c| c.data).unwrap_or_default();
                 requeue(&mut state, adds, removes, waiters);
                 Err(Duration::ZERO)
             }

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::watcher;
 
 use crate::claim::ClaimView;
+use crate::names;
 
 /// What a PV offers the binder.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,7 +38,14 @@ fn offer(pv: &PersistentVolume) -> Option<Offer> {
         return None;
     }
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Bound" | "Released" | "Failed")) {
+    if phase.is_some_and(|p| {
+        [
+            names::PHASE_BOUND,
+            names::PHASE_RELEASED,
+            names::PHASE_FAILED,
+        ]
+        .contains(&p)
+    }) {
         return None;
     }
     let spec = pv.spec.as_ref()?;
@@ -50,7 +58,7 @@ fn offer(pv: &PersistentVolume) -> Option<Offer> {
             let ours = claim
                 .uid
                 .as_deref()
-                .is_some_and(|uid| name == format!("pvc-{uid}"));
+                .is_some_and(|uid| name.strip_prefix(names::PV_NAME_PREFIX) == Some(uid));
             (!ours).then(|| {
                 Offer::Claim(format!(
                     "{}/{}",
