@@ -29,6 +29,7 @@ pub const DEFAULT_KUBE_API_QPS: u32 = 200;
 pub const DEFAULT_KUBE_API_BURST: u32 = 300;
 pub const DEFAULT_PV_SAVE_RETRIES: u32 = 5;
 pub const DEFAULT_PV_SAVE_INTERVAL: &str = "10s";
+pub const DEFAULT_EVENT_MAX_DELAY: &str = "30s";
 
 /// The controller's flags (the plugin flags are in `PluginArgs`).
 #[derive(Debug, Clone, Args)]
@@ -92,6 +93,13 @@ pub struct ControllerArgs {
     /// announcing first. `false` waits for the announcement, as the Go library does.
     #[arg(long, env = "WASM_PROVISIONER_PROVISION_BEFORE_BINDER", default_value_t = true, action = clap::ArgAction::Set)]
     pub provision_before_binder: bool,
+
+    /// The longest a Normal Event (Provisioning, ProvisioningSucceeded) waits while a
+    /// provisioning storm is on (claims being provisioned, or our PVs not yet Bound), so
+    /// that Events never compete with the writes the claims wait for; 0 writes them at
+    /// once. Warnings never wait.
+    #[arg(long, env = "WASM_PROVISIONER_EVENT_MAX_DELAY", default_value = DEFAULT_EVENT_MAX_DELAY, value_parser = humantime::parse_duration)]
+    pub event_max_delay: Duration,
 
     /// Average Kubernetes API requests per second of this process.
     #[arg(long, env = "WASM_PROVISIONER_KUBE_API_QPS", default_value_t = DEFAULT_KUBE_API_QPS)]
@@ -170,6 +178,7 @@ impl ControllerArgs {
             pv_save_interval: self.pv_save_interval,
             volume_protection_finalizer: self.volume_protection_finalizer,
             provision_before_binder: self.provision_before_binder,
+            event_max_delay: self.event_max_delay,
             faults: Faults {
                 steps: self.fault_exit_after.clone(),
                 probability: self.fault_exit_probability,

@@ -164,6 +164,7 @@ func main() {
 	qps := flag.Float64("kube-api-qps", 5, "client QPS (client-go's default 5); 0 or negative: no limit")
 	burst := flag.Int("kube-api-burst", 10, "client burst (client-go's default 10)")
 	threads := flag.Int("threads", controller.DefaultThreadiness, "workers of each queue (the library's Threadiness)")
+	addFinalizer := flag.Bool("add-finalizer", false, "the library's AddFinalizer: its PVs carry external-provisioner.volume.kubernetes.io/finalizer, as the host's do by default (the library's default: off)")
 	metricsAddress := flag.String("metrics-address", "127.0.0.1:0", "address of /metrics and /readyz")
 	klog.InitFlags(nil)
 	flag.Parse()
@@ -201,6 +202,7 @@ func main() {
 	provision := controller.NewProvisionController(ctx, client, *name, &hostPath{dir: *dir},
 		controller.LeaderElection(false),
 		controller.Threadiness(*threads),
+		controller.AddFinalizer(*addFinalizer),
 		controller.ClaimsInformer(claims),
 		controller.VolumesInformer(volumes),
 		controller.ClassesInformer(classes),

@@ -21,17 +21,24 @@
 //! forgotten series only means that its next repeat starts a new Event.
 //!
 //! Nor does publishing hold the operation up: an Event is queued for a writer task, so a
-//! worker goes on with the claim (and the next one) while the Event is on its way; the
-//! two Events of a provisioned volume are off its critical path (issue 11.3). There are
-//! [`WRITERS`] writers, each writing one Event at a time (as client-go's recorder does),
-//! and a series always goes to the same writer, so its create comes before its patches.
-//! A few Event requests at once, not hundreds: in a storm the API server also serves the
-//! controller-manager's binder, whose binds are one request after another. A writer
-//! queues at most [`QUEUE`] Events; past that, publishing waits (back-pressure, not an
-//! unbounded queue, when the API server is slow). On shutdown, [`EventSink::flush`]
-//! writes what is queued, for at most its timeout.
+//! worker goes on with the claim (and the next one) while the Event is on its way. There
+//! are [`WRITERS`] writers, each writing one Event at a time (as client-go's recorder
+//! does), and all the Events of one object go to the same writer, in the order they
+//! were published (so a series' create comes before its patches). A few Event requests
+//! at once, not hundreds: in a storm the API server also serves the controller-manager's
+//! binder, whose binds are one request after another.
+//!
+//! Nor does an Event compete with the work a claim waits for (issue 11.3): while a
+//! provisioning storm is on ([`Storm`]: claims being provisioned, or our PVs not yet
+//! Bound), a Normal Event waits, up to `max_delay` after it happened; Warnings are
+//! written at once (behind nothing). Each Event carries the time it happened
+//! (`eventTime`, a series' `lastObservedTime`), not the time it was written. A writer
+//! queues at most [`QUEUE`] Events, and holds at most as many waiting ones (past that,
+//! the oldest is written); past that, publishing waits (back-pressure, not an unbounded
+//! queue, when the API server is slow). On shutdown, [`EventSink::flush`] writes what is
+//! queued or waiting, for at most its timeout.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +51,8 @@ use kube::runtime::events::Reporter;
 use kube::{Client, Resource};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
+
+use super::storm::Storm;
 
 /// Events API limit on a note.
 const MAX_NOTE_BYTES: usize = 1024;
@@ -60,6 +69,9 @@ const WRITERS: usize = 2;
 
 /// Events queued per writer before publishing waits (a storm of 2000 claims makes 4000).
 const QUEUE: usize = 4096;
+
+/// How often a writer with waiting Events looks whether the storm is over.
+const STORM_POLL: Duration = Duration::from_millis(100);
 
 /// Normal or Warning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -204,9 +216,12 @@ enum Job {
     Flush(oneshot::Sender<()>),
 }
 
-/// An Event to write, with its series' key (which also picked its writer).
+/// An Event to write, with its series' key and when it happened.
 struct Pending {
     key: SeriesKey,
+    /// When it happened: its `eventTime`, and the start of its wait in a storm.
+    occurred: Timestamp,
+    queued: Instant,
     reference: ObjectReference,
     type_: EventType,
     reason: String,
@@ -219,17 +234,23 @@ struct Writer {
     client: Client,
     reporter: Reporter,
     cache: Mutex<SeriesCache>,
+    storm: Arc<Storm>,
+    /// The longest a Normal Event waits for a storm to pass.
+    max_delay: Duration,
 }
 
 impl EventSink {
     /// Events reported as `reporter` (its controller is the provisioner name, its
-    /// instance this process's identity). Starts the writer tasks (on the current Tokio
-    /// runtime); they end with the sink.
-    pub fn new(client: Client, reporter: Reporter) -> Self {
+    /// instance this process's identity); Normal ones wait while `storm` is on, at most
+    /// `max_delay`. Starts the writer tasks (on the current Tokio runtime); they end with
+    /// the sink.
+    pub fn new(client: Client, reporter: Reporter, storm: Arc<Storm>, max_delay: Duration) -> Self {
         let writer = Arc::new(Writer {
             client,
             reporter,
             cache: Mutex::new(SeriesCache::new(MAX_SERIES)),
+            storm,
+            max_delay,
         });
         let queues = (0..WRITERS)
             .map(|_| {
@@ -339,9 +360,11 @@ impl EventSink {
     ) {
         let note = truncate(note);
         let key = SeriesKey::new(type_, reason, action, &note, &reference);
-        let queue = &self.queues[(key.0 % self.queues.len() as u64) as usize];
+        let queue = &self.queues[writer_of(&reference, self.queues.len())];
         let job = Job::Write(Box::new(Pending {
             key,
+            occurred: Timestamp::now(),
+            queued: Instant::now(),
             reference,
             type_,
             reason: reason.to_string(),
@@ -353,25 +376,72 @@ impl EventSink {
     }
 }
 
+/// The writer of every Event about `reference` (by its UID, else its name), so that an
+/// object's Events are written in the order they were published.
+fn writer_of(reference: &ObjectReference, writers: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (&reference.uid, &reference.namespace, &reference.name).hash(&mut hasher);
+    (hasher.finish() % writers as u64) as usize
+}
+
 impl Writer {
-    /// Writes the queued Events one at a time until the sink is dropped.
+    /// Writes the queued Events one at a time until the sink is dropped; Normal ones
+    /// wait in `waiting` while a storm is on ([`Self::due`]).
     async fn run(self: Arc<Self>, mut jobs: mpsc::Receiver<Job>) {
-        while let Some(job) = jobs.recv().await {
-            match job {
-                Job::Write(event) => {
-                    if let Err(error) = self.write(&event).await {
-                        warn!(
-                            %error,
-                            reason = event.reason,
-                            object = event.reference.name.as_deref().unwrap_or_default(),
-                            "could not record an Event; check the host's RBAC on events.k8s.io events"
-                        );
-                    }
+        let mut waiting: VecDeque<Box<Pending>> = VecDeque::new();
+        loop {
+            while let Some(event) = waiting.front() {
+                if !self.due(event, waiting.len()) {
+                    break;
                 }
+                let event = waiting.pop_front().expect("front exists");
+                self.write_logged(&event).await;
+            }
+            let job = if waiting.is_empty() {
+                jobs.recv().await
+            } else {
+                match tokio::time::timeout(STORM_POLL, jobs.recv()).await {
+                    Ok(job) => job,
+                    Err(_) => continue,
+                }
+            };
+            let Some(job) = job else { return };
+            match job {
+                // A Normal Event waits behind the waiting ones, and while a storm is on.
+                Job::Write(event)
+                    if event.type_ == EventType::Normal
+                        && (!waiting.is_empty() || self.storm.is_on()) =>
+                {
+                    waiting.push_back(event)
+                }
+                Job::Write(event) => self.write_logged(&event).await,
                 Job::Flush(done) => {
+                    for event in waiting.drain(..) {
+                        self.write_logged(&event).await;
+                    }
                     let _ = done.send(());
                 }
             }
+        }
+    }
+
+    /// Whether the first of `waiting` waiting Events is to be written now: the storm is
+    /// over, it waited `max_delay`, or too many wait.
+    fn due(&self, first: &Pending, waiting: usize) -> bool {
+        waiting > QUEUE || first.queued.elapsed() >= self.max_delay || !self.storm.is_on()
+    }
+
+    /// Writes the Event; a failure is logged, never returned (an Event never fails an
+    /// operation).
+    async fn write_logged(&self, event: &Pending) {
+        if let Err(error) = self.write(event).await {
+            warn!(
+                %error,
+                reason = event.reason,
+                object = event.reference.name.as_deref().unwrap_or_default(),
+                "could not record an Event; check the host's RBAC on events.k8s.io events"
+            );
         }
     }
 
@@ -385,7 +455,7 @@ impl Writer {
             let patch = serde_json::json!({
                 "series": {
                     "count": series.count,
-                    "lastObservedTime": MicroTime(Timestamp::now()),
+                    "lastObservedTime": MicroTime(pending.occurred),
                 }
             });
             let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &series.namespace);
@@ -419,9 +489,9 @@ impl Writer {
     }
 
     /// A new Event, as kube-runtime's `Recorder` makes it (name `<object>.<nanos hex>`,
-    /// cluster-scoped objects' Events in `default`).
+    /// cluster-scoped objects' Events in `default`), at the time it happened.
     fn event(&self, pending: &Pending) -> K8sEvent {
-        let now = Timestamp::now();
+        let now = pending.occurred;
         let controller = &self.reporter.controller;
         let reference = &pending.reference;
         K8sEvent {
@@ -496,6 +566,132 @@ mod tests {
             "note",
             &claim(name),
         )
+    }
+
+    /// A client whose API server answers every request with its own body (201) and
+    /// sends each Event it was asked to store to the returned channel.
+    fn recording_client() -> (Client, mpsc::UnboundedReceiver<K8sEvent>) {
+        use http_body_util::BodyExt as _;
+        let (sent, received) = mpsc::unbounded_channel();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let sent = sent.clone();
+            async move {
+                let body = request.into_body().collect().await?.to_bytes();
+                if let Ok(event) = serde_json::from_slice::<K8sEvent>(&body) {
+                    let _ = sent.send(event);
+                }
+                http::Response::builder()
+                    .status(201)
+                    .body(kube::client::Body::from(body.to_vec()))
+                    .map_err(tower::BoxError::from)
+            }
+        });
+        (Client::new(service, "default"), received)
+    }
+
+    fn sink(
+        storm: Arc<Storm>,
+        max_delay: Duration,
+    ) -> (EventSink, mpsc::UnboundedReceiver<K8sEvent>) {
+        let (client, written) = recording_client();
+        let reporter = Reporter {
+            controller: "us".into(),
+            instance: Some("us-1".into()),
+        };
+        (EventSink::new(client, reporter, storm, max_delay), written)
+    }
+
+    fn pvc(name: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some(format!("uid-{name}")),
+                ..ObjectMeta::default()
+            },
+            ..PersistentVolumeClaim::default()
+        }
+    }
+
+    async fn next(
+        written: &mut mpsc::UnboundedReceiver<K8sEvent>,
+        within: Duration,
+    ) -> Option<K8sEvent> {
+        tokio::time::timeout(within, written.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    #[tokio::test]
+    async fn in_a_storm_normal_events_wait_for_its_end_and_warnings_do_not() {
+        let storm = Arc::new(Storm::new("us"));
+        let (sink, mut written) = sink(storm.clone(), Duration::from_secs(60));
+        let provisioning = storm.provisioning();
+        let published = Timestamp::now();
+        sink.claim_normal(&pvc("a"), "Provisioning", "a's note".into())
+            .await;
+        sink.claim_warning(&pvc("b"), "ProvisioningFailed", "b's note".into())
+            .await;
+        let first = next(&mut written, Duration::from_secs(5))
+            .await
+            .expect("the Warning is written");
+        assert_eq!(first.reason.as_deref(), Some("ProvisioningFailed"));
+        assert!(
+            next(&mut written, Duration::from_millis(500))
+                .await
+                .is_none(),
+            "a Normal Event was written while a claim was being provisioned"
+        );
+        let storm_ended = Timestamp::now();
+        drop(provisioning);
+        let second = next(&mut written, Duration::from_secs(5))
+            .await
+            .expect("the Normal Event is written once the storm is over");
+        assert_eq!(second.reason.as_deref(), Some("Provisioning"));
+        let happened = second.event_time.expect("eventTime").0;
+        assert!(
+            published <= happened && happened < storm_ended,
+            "its eventTime is when it was published ({published}), not when it was written after {storm_ended}: {happened}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_normal_event_waits_at_most_its_max_delay_and_a_flush_writes_it() {
+        let storm = Arc::new(Storm::new("us"));
+        let (sink, mut written) = sink(storm.clone(), Duration::from_millis(400));
+        let _endless = storm.provisioning();
+        let started = Instant::now();
+        sink.claim_normal(&pvc("a"), "Provisioning", "note".into())
+            .await;
+        next(&mut written, Duration::from_secs(5))
+            .await
+            .expect("written after its max delay");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(400),
+            "written after {waited:?}, before its max delay"
+        );
+
+        let (sink, mut written) = self::sink(storm.clone(), Duration::from_secs(60));
+        sink.claim_normal(&pvc("c"), "ProvisioningSucceeded", "note".into())
+            .await;
+        sink.flush(Duration::from_secs(5)).await;
+        let flushed = written
+            .try_recv()
+            .expect("a flush writes the waiting Events");
+        assert_eq!(flushed.reason.as_deref(), Some("ProvisioningSucceeded"));
+    }
+
+    #[tokio::test]
+    async fn without_a_storm_a_normal_event_is_written_at_once() {
+        let storm = Arc::new(Storm::new("us"));
+        let (sink, mut written) = sink(storm, Duration::from_secs(60));
+        sink.claim_normal(&pvc("a"), "ProvisioningSucceeded", "note".into())
+            .await;
+        next(&mut written, Duration::from_secs(2))
+            .await
+            .expect("written at once");
     }
 
     #[test]

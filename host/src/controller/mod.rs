@@ -15,6 +15,7 @@ mod recent;
 pub mod retry;
 pub mod shares;
 mod static_volumes;
+mod storm;
 pub mod volumes;
 
 use std::sync::Arc;
@@ -74,6 +75,8 @@ pub struct Settings {
     /// Provision a claim of one of our classes before the binder announces it, unless
     /// an existing PV may be its ([`static_volumes`]).
     pub provision_before_binder: bool,
+    /// The longest a Normal Event waits for a provisioning storm to pass ([`storm`]).
+    pub event_max_delay: Duration,
 }
 
 /// Everything a reconcile needs.
@@ -105,6 +108,8 @@ pub struct Context {
     pub journal: Arc<journal::Journal>,
     /// The PVs the binder could give a claim instead of a new volume ([`static_volumes`]).
     pub static_volumes: Arc<static_volumes::StaticVolumes>,
+    /// Whether a provisioning storm is on (Normal Events wait for it, [`storm`]).
+    pub storm: Arc<storm::Storm>,
 }
 
 impl Context {
@@ -280,9 +285,11 @@ pub async fn run(
         WorkerShares::new("volumes", settings.threads, metrics.module_waiting.clone());
     let (volumes, volumes_writer) = reflector::store();
     let static_volumes = Arc::new(static_volumes::StaticVolumes::default());
-    let observed = static_volumes.clone();
+    let storm = Arc::new(storm::Storm::new(&settings.provisioner_name));
+    let (observed, storm_observed) = (static_volumes.clone(), storm.clone());
     let volume_events = cached(volumes_api, volumes_writer, move |event| {
-        observed.observe(event)
+        observed.observe(event);
+        storm_observed.observe(event);
     });
     let volume_controller = Controller::for_stream(volume_events, volumes.clone())
         .with_config(config)
@@ -294,6 +301,8 @@ pub async fn run(
             controller: settings.provisioner_name.clone(),
             instance: Some(settings.identity.clone()),
         },
+        storm.clone(),
+        settings.event_max_delay,
     );
     // The intents a crashed (or deposed) leader left are read before anything is
     // provisioned; the writer outlives the controllers, so their last clears are written.
@@ -333,6 +342,7 @@ pub async fn run(
         metrics,
         recent: recent::Recent::default(),
         static_volumes,
+        storm,
     });
 
     let claim_stop = stop.clone();

@@ -11,7 +11,8 @@
 //! `unthrottled` (client limits off), `go-defaults` (the host at the Go library's limits:
 //! QPS 5, burst 10, 4 workers), `QPS/BURST/THREADS` (such as `100/200/8`), and the Go
 //! library itself (sig-storage-lib-external-provisioner, `tests/golib`) in `go-library`
-//! (client limits off) and `go-library-defaults` (its defaults). Every host run uses the
+//! (client limits off), `go-library-finalizer` (the same with its AddFinalizer on, as the
+//! host's PV finalizer) and `go-library-defaults` (its defaults). Every host run uses the
 //! `hostpath` guest and the Go library's provisioner is a hostpath one, so each volume is
 //! a real directory made and removed.
 
@@ -45,7 +46,8 @@ struct Args {
     claims: usize,
 
     /// Runs, in order: ceiling, defaults, unthrottled, go-defaults, start,
-    /// QPS/BURST/THREADS (the host), go-library, go-library-defaults (the Go library).
+    /// QPS/BURST/THREADS (the host), go-library, go-library-finalizer, go-library-defaults
+    /// (the Go library).
     #[arg(
         long,
         value_delimiter = ',',
@@ -161,6 +163,18 @@ impl RunSpec {
                     &format!("unthrottled, {threads} threads"),
                 )
             }
+            // The same, with the library's AddFinalizer on: its PVs carry the PV
+            // finalizer, as the host's do by default, so deleting one costs the same
+            // two writes (the like-for-like comparison of CPU per volume).
+            "go-library-finalizer" => {
+                let threads = threads.unwrap_or(DEFAULT_THREADS);
+                let mut flags = limits_go(-1, 0, threads);
+                flags.push("--add-finalizer=true".into());
+                go_library(
+                    flags,
+                    &format!("unthrottled, {threads} threads, AddFinalizer on"),
+                )
+            }
             "go-library-defaults" => go_library(
                 limits_go(5, 10, 4),
                 "its defaults: QPS 5, burst 10, 4 threads",
@@ -177,7 +191,7 @@ impl RunSpec {
                 let parts: Vec<&str> = custom.split('/').collect();
                 let [qps, burst, threads] = parts.as_slice() else {
                     bail!(
-                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults, start, QPS/BURST/THREADS, go-library or go-library-defaults"
+                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults, start, QPS/BURST/THREADS, go-library, go-library-finalizer or go-library-defaults"
                     );
                 };
                 let (qps, burst, threads) = (qps.parse()?, burst.parse()?, threads.parse()?);
@@ -852,6 +866,22 @@ mod tests {
         assert!(
             run.settings
                 .ends_with(&format!("{DEFAULT_THREADS} threads"))
+        );
+
+        let run = RunSpec::parse("go-library-finalizer", Some(16)).unwrap();
+        assert_eq!(
+            flags(&run.kind),
+            [
+                "--kube-api-qps=-1",
+                "--kube-api-burst=0",
+                "--threads=16",
+                "--add-finalizer=true"
+            ]
+        );
+        assert!(
+            run.settings.ends_with("AddFinalizer on"),
+            "{}",
+            run.settings
         );
 
         let run = RunSpec::parse("go-library-defaults", Some(16)).unwrap();

@@ -33,6 +33,7 @@ pub(super) async fn provision(
     let claim_key = ClaimView(claim).key();
     let gauge = ctx.metrics.in_flight.with_label_values(&["provision"]);
     let _in_flight = InFlight::start(&gauge);
+    let _storm = ctx.storm.provisioning();
 
     // Persist the intent before the backend is touched: in the journal, unless it is on
     // the claim already (our finalizer, from an earlier attempt).
