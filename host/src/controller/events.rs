@@ -24,7 +24,8 @@
 //! worker goes on with the claim (and the next one) while the Event is on its way. There
 //! are [`WRITERS`] writers, each writing one Event at a time (as client-go's recorder
 //! does), and all the Events of one object go to the same writer, in the order they
-//! were published (so a series' create comes before its patches). A few Event requests
+//! were published (so a series' create comes before its patches; only a Warning passes
+//! the Normal Events waiting for a storm, below). A few Event requests
 //! at once, not hundreds: in a storm the API server also serves the controller-manager's
 //! binder, whose binds are one request after another.
 //!
