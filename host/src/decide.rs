@@ -359,6 +359,21 @@ pub fn provisioned_by(pv: &PersistentVolume, provisioner_name: &str) -> bool {
     annotation(&pv.metadata, names::ANN_PROVISIONED_BY) == Some(provisioner_name)
 }
 
+/// Whether `pv` is still the binder's to bind: not being deleted, and not Bound,
+/// Released or Failed (no phase yet, Pending or Available).
+pub fn pv_awaits_binder(pv: &PersistentVolume) -> bool {
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    pv.metadata.deletion_timestamp.is_none()
+        && !phase.is_some_and(|p| {
+            [
+                names::PHASE_BOUND,
+                names::PHASE_RELEASED,
+                names::PHASE_FAILED,
+            ]
+            .contains(&p)
+        })
+}
+
 /// Whether an object carries a finalizer.
 pub fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
     meta.finalizers.iter().flatten().any(|f| f == finalizer)

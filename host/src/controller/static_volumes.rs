@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::watcher;
 
 use crate::claim::ClaimView;
+use crate::decide;
 use crate::names;
 
 /// What a PV offers the binder.
@@ -34,18 +35,7 @@ enum Offer {
 /// its class) or naming a claim whose volume it is not as we would name it (reserved).
 /// A PV named as ours for its claimRef's UID is a provisioned volume, not an offer.
 fn offer(pv: &PersistentVolume) -> Option<Offer> {
-    if pv.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
-    if phase.is_some_and(|p| {
-        [
-            names::PHASE_BOUND,
-            names::PHASE_RELEASED,
-            names::PHASE_FAILED,
-        ]
-        .contains(&p)
-    }) {
+    if !decide::pv_awaits_binder(pv) {
         return None;
     }
     let spec = pv.spec.as_ref()?;

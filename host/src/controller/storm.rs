@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::watcher;
 
-use crate::names;
+use crate::decide;
 
 /// How long the storm stays on after the last provision ended: the PV it created is on
 /// its way to the watch.
@@ -116,25 +116,9 @@ impl Storm {
         }
     }
 
-    /// Ours (provisioned-by this provisioner), not being deleted, and not yet Bound,
-    /// Released or Failed.
+    /// Ours (provisioned-by this provisioner) and still the binder's to bind.
     fn awaits_bind(&self, pv: &PersistentVolume) -> bool {
-        let ours = pv
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(names::ANN_PROVISIONED_BY))
-            .is_some_and(|by| *by == self.provisioner_name);
-        let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
-        ours && pv.metadata.deletion_timestamp.is_none()
-            && !phase.is_some_and(|p| {
-                [
-                    names::PHASE_BOUND,
-                    names::PHASE_RELEASED,
-                    names::PHASE_FAILED,
-                ]
-                .contains(&p)
-            })
+        decide::provisioned_by(pv, &self.provisioner_name) && decide::pv_awaits_binder(pv)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Unbound> {
@@ -145,6 +129,7 @@ impl Storm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names;
     use k8s_openapi::api::core::v1::PersistentVolumeStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
