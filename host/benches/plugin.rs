@@ -1,7 +1,8 @@
-//! Plugin runtime benchmarks: one provision call (fresh store, instantiate, call) of the
-//! hostpath and nfs-subdir plugins and of the Python and JavaScript example guests
-//! (quota-dir, quota-dir-js), and loading each language's module cold (compile) versus
-//! from the precompiled cache.
+//! Plugin runtime benchmarks: one provision call (fresh store, instantiate, call) and
+//! one should-provision call (the same without backend work) of the hostpath and
+//! nfs-subdir plugins and of the Python and JavaScript example guests (quota-dir,
+//! quota-dir-js), and loading each language's module cold (compile) versus from the
+//! precompiled cache.
 //!
 //! Needs the built guests: `bash guests/build.sh` (or set WASM_PROVISIONER_GUESTS_DIR
 //! to the directory holding hostpath.wasm, nfs-subdir.wasm, quota-dir.wasm and
@@ -55,16 +56,25 @@ fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {
 }
 
 fn provision(c: &mut Criterion) {
+    // Each module its own directory, side by side (overlapping read-write grants are
+    // refused).
     let scratch = tempfile::tempdir().unwrap();
-    let grants = format!(
-        "allow: {{ directories: [{root}] }}\n\
-         modules:\n\
-         \x20 hostpath: {{ directories: [{{ host: {root}, guest: /volumes, mode: read-write }}] }}\n\
-         \x20 nfs-subdir: {{ directories: [{{ host: {root}, guest: /export, mode: read-write }}] }}\n\
-         \x20 quota-dir: {{ directories: [{{ host: {root}, guest: /volumes, mode: read-write }}] }}\n\
-         \x20 quota-dir-js: {{ directories: [{{ host: {root}, guest: /volumes, mode: read-write }}] }}\n",
+    let modules = ["hostpath", "nfs-subdir", "quota-dir", "quota-dir-js"];
+    let mut grants = format!(
+        "allow: {{ directories: [{root}] }}\nmodules:\n",
         root = scratch.path().display()
     );
+    for (module, guest) in modules
+        .iter()
+        .zip(["/volumes", "/export", "/volumes", "/volumes"])
+    {
+        let dir = scratch.path().join(module);
+        std::fs::create_dir(&dir).unwrap();
+        grants.push_str(&format!(
+            "  {module}: {{ directories: [{{ host: {}, guest: {guest}, mode: read-write }}] }}\n",
+            dir.display()
+        ));
+    }
     let tokio = tokio::runtime::Runtime::new().unwrap();
     let runtime = Runtime::new(RuntimeConfig {
         grants: Grants::from_yaml(&grants, "bench").unwrap(),
@@ -98,6 +108,10 @@ fn provision(c: &mut Criterion) {
         assert!(first.is_ok(), "{name}: {first:?}");
         group.bench_function(name, |b| {
             b.iter(|| tokio.block_on(module.provision(&request)).unwrap())
+        });
+        // The cost of a call itself: a fresh instance and an answer, no backend work.
+        group.bench_function(format!("{name}/should-provision"), |b| {
+            b.iter(|| assert!(tokio.block_on(module.should_provision(&request)).unwrap()))
         });
     }
     group.finish();

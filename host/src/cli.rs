@@ -68,6 +68,12 @@ pub struct PluginArgs {
     /// while it is read) is refused like a broken version.
     #[arg(long, env = "WASM_PROVISIONER_MAX_MODULE_BYTES", default_value_t = crate::plugin::DEFAULT_MAX_MODULE_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_module_bytes: u64,
+
+    /// Guest instances alive at once, every module together: the size of the pool
+    /// each call's instance comes from. A call finding it full does not start and is
+    /// retried soon, like a module at its maxConcurrentCalls.
+    #[arg(long, env = "WASM_PROVISIONER_MAX_GUEST_INSTANCES", default_value_t = crate::plugin::engine::DEFAULT_MAX_GUEST_INSTANCES, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_guest_instances: u32,
 }
 
 /// Arguments of `run` (the controller).

@@ -250,6 +250,7 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
         cache_dir: plugins.cache_dir.clone(),
         guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
         max_module_bytes: plugins.max_module_bytes,
+        max_guest_instances: plugins.max_guest_instances,
     })?;
     let (_watcher, report) = DirectoryWatcher::start(runtime.clone(), plugins.modules.clone())
         .await

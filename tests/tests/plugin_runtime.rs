@@ -196,6 +196,51 @@ async fn concurrency_limit_refuses_the_extra_call() {
     assert!(spin.should_provision(&request(&[])).await.unwrap());
 }
 
+/// The instance pool (`--max-guest-instances`) bounds the calls of every module
+/// together: a call finding it full does not start, fails at once as busy (retried by
+/// the controllers without an Event or a failed attempt), and the pool takes calls
+/// again once the running one ends.
+#[tokio::test]
+async fn a_full_instance_pool_refuses_the_extra_call_as_busy() {
+    let grants = Grants::from_yaml(
+        "modules: { spin: { limits: { timeoutSeconds: 2 } } }",
+        "test grants",
+    )
+    .unwrap();
+    let runtime = Runtime::new(RuntimeConfig {
+        grants,
+        max_guest_instances: 1,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let spin = load(&runtime, "spin", "test-spin").await;
+    let other = load(&runtime, "hostpath", "hostpath").await;
+    let running = tokio::spawn({
+        let spin = spin.clone();
+        async move { spin.provision(&request(&[])).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while spin.calls_in_flight() == 0 {
+        assert!(Instant::now() < deadline, "the first call never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Give the spinning call time to be instantiated (it holds the only slot).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let error = other.should_provision(&request(&[])).await.unwrap_err();
+    assert!(matches!(error, CallError::InstancesFull { .. }), "{error}");
+    assert!(error.is_busy() && error.is_transient(), "{error}");
+    assert_eq!(error.metric_label(), "busy");
+    let message = error.to_string();
+    assert!(
+        message.contains("module hostpath") && message.contains("--max-guest-instances"),
+        "{message}"
+    );
+    let first = running.await.unwrap().unwrap_err();
+    assert!(matches!(first, CallError::Timeout { .. }), "{first}");
+    // The slot is back: calls start again.
+    assert!(other.should_provision(&request(&[])).await.unwrap());
+}
+
 #[tokio::test]
 async fn describe_trap_is_refused_at_load() {
     let runtime = runtime("");

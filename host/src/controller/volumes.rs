@@ -210,7 +210,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     .await
     {
         Ok(true) => {}
-        Err(error @ CallError::Busy { .. }) => return Ok(busy(pv, &error)),
+        Err(error) if error.is_busy() => return Ok(busy(pv, &error)),
         Ok(false) => {
             info!(volume = %volume_name, module = module.name(), "plugin declined to delete (should-delete said no)");
             return Ok(Action::await_change());
@@ -257,7 +257,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
             }
             return Ok(Action::requeue(IN_BACKGROUND_REQUEUE));
         }
-        Err(error @ CallError::Busy { .. }) => return Ok(busy(pv, &error)),
+        Err(error) if error.is_busy() => return Ok(busy(pv, &error)),
         Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
     }
     ctx.settings.faults.after(Step::GuestDelete, &volume_name);

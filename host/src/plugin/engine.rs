@@ -6,23 +6,58 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, Strategy, WasmFeatures};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy, WasmFeatures,
+};
+
+use super::limits::{MAX_INSTANCES, MAX_MEMORIES, MAX_TABLE_ELEMENTS, MAX_TABLES};
 
 /// How often the epoch advances: the granularity of deadlines, and how often a
 /// running guest yields its thread back to the async executor.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
+/// Default of `--max-guest-instances`: guest instances alive at once, every module
+/// together (the size of the instance pool). Calls run inside the controllers' workers
+/// (`--threads` per controller) plus a module's `describe` at each load, so this leaves
+/// room for four times the default workers.
+pub const DEFAULT_MAX_GUEST_INSTANCES: u32 = 128;
+
+/// Per call, at most this many core instances, linear memories and tables are expected
+/// on average when the pool is sized (a Rust guest has 4 core instances, 1 memory; a
+/// Python or JavaScript guest more). One call can use up to the store limits
+/// (`MAX_INSTANCES`, `MAX_MEMORIES`, `MAX_TABLES`); the pool as a whole holds this many
+/// times `--max-guest-instances`.
+const CORE_INSTANCES_PER_CALL: u32 = 16;
+const MEMORIES_PER_CALL: u32 = 4;
+const TABLES_PER_CALL: u32 = 4;
+
+/// The instance pool: how many guest instances may be alive at once, and the largest
+/// linear memory any module may grow (the largest `memoryBytes` granted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstancePool {
+    pub max_guest_instances: u32,
+    pub max_memory_bytes: u64,
+}
+
+impl Default for InstancePool {
+    fn default() -> Self {
+        InstancePool {
+            max_guest_instances: DEFAULT_MAX_GUEST_INSTANCES,
+            max_memory_bytes: super::limits::DEFAULT_MEMORY_BYTES,
+        }
+    }
+}
+
 /// Builds the engine: Cranelift, epoch interruption, copy-on-write memory images, the
-/// on-demand allocator (the pooling allocator reserves ~6 GiB of address space per
-/// memory slot; a provisioner runs few instances at once), and only the proposals a
-/// provisioner plugin plausibly needs.
-pub fn new_engine() -> wasmtime::Result<Engine> {
+/// pooling allocator (see [`pooling`]), and only the proposals a provisioner plugin
+/// plausibly needs.
+pub fn new_engine(pool: InstancePool) -> wasmtime::Result<Engine> {
     let mut config = Config::new();
     config
         .strategy(Strategy::Cranelift)
         .epoch_interruption(true)
         .memory_init_cow(true)
-        .allocation_strategy(InstanceAllocationStrategy::OnDemand)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(pool)))
         .signals_based_traps(true)
         .wasm_component_model(true)
         .parallel_compilation(true);
@@ -47,6 +82,42 @@ pub fn new_engine() -> wasmtime::Result<Engine> {
         config.wasm_features(feature, false);
     }
     Engine::new(&config)
+}
+
+/// The pooling allocator: every call's instance, memories, tables and async stack come
+/// from slots reserved once at start and reused, instead of being mapped and unmapped
+/// per call. Each call makes a fresh instance (four per volume), so this is the hot
+/// path: the on-demand allocator's mmap/munmap, page faults and TLB shootdowns were a
+/// quarter of a call's CPU (see the README's "Benchmarks"). A slot's memory is reset
+/// (zeroed, its copy-on-write image restored) when the call ends: nothing carries over.
+///
+/// The price is address space, not memory: each linear-memory slot reserves 4 GiB plus
+/// a guard, never touched unless used (`MEMORIES_PER_CALL` x 128 instances is about
+/// 2 TiB of the 128 TiB a 64-bit process has). A call finding the pool full fails at
+/// once as busy (`CallError::InstancesFull`) and is retried, like a module at its
+/// `maxConcurrentCalls`.
+fn pooling(pool: InstancePool) -> PoolingAllocationConfig {
+    let instances = pool.max_guest_instances.max(1);
+    let mut config = PoolingAllocationConfig::new();
+    config
+        .total_component_instances(instances)
+        .total_stacks(instances)
+        .total_core_instances(instances.saturating_mul(CORE_INSTANCES_PER_CALL))
+        .total_memories(instances.saturating_mul(MEMORIES_PER_CALL))
+        .total_tables(instances.saturating_mul(TABLES_PER_CALL))
+        .max_core_instances_per_component(MAX_INSTANCES as u32)
+        .max_memories_per_component(MAX_MEMORIES as u32)
+        .max_tables_per_component(MAX_TABLES as u32)
+        .max_memories_per_module(MAX_MEMORIES as u32)
+        .max_tables_per_module(MAX_TABLES as u32)
+        .table_elements(MAX_TABLE_ELEMENTS)
+        .max_memory_size(usize::try_from(pool.max_memory_bytes).unwrap_or(usize::MAX))
+        // Metadata of an instance (its VMContext: one entry per function, global,
+        // table, memory): big guests (CPython, SpiderMonkey) need more than the 1 MiB
+        // default.
+        .max_core_instance_size(16 << 20)
+        .max_component_instance_size(16 << 20);
+    config
 }
 
 /// A thread that advances the engine's epoch every [`EPOCH_TICK`]. Without it, no

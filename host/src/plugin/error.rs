@@ -89,6 +89,13 @@ pub enum CallError {
         target: CallTarget,
         max_concurrent_calls: u32,
     },
+    /// Every slot of the host's instance pool is in use (`--max-guest-instances`): like
+    /// `Busy`, the call did not start and is retried soon.
+    #[error(
+        "{target} refused: the host already runs as many guest instances as it holds \
+         ({cause}; --max-guest-instances); retry later"
+    )]
+    InstancesFull { target: CallTarget, cause: String },
     #[error("{target} returned a malformed answer: {reason}")]
     MalformedAnswer { target: CallTarget, reason: String },
     #[error("{target} could not start: the sandbox could not be set up: {cause}")]
@@ -102,7 +109,7 @@ impl CallError {
             CallError::Trap { .. } => "trap",
             CallError::Timeout { .. } => "timeout",
             CallError::MemoryExhausted { .. } => "memory_exhausted",
-            CallError::Busy { .. } => "busy",
+            CallError::Busy { .. } | CallError::InstancesFull { .. } => "busy",
             CallError::MalformedAnswer { .. } => "malformed_answer",
             CallError::Sandbox { .. } => "sandbox",
         }
@@ -115,6 +122,7 @@ impl CallError {
             | CallError::Timeout { target, .. }
             | CallError::MemoryExhausted { target, .. }
             | CallError::Busy { target, .. }
+            | CallError::InstancesFull { target, .. }
             | CallError::MalformedAnswer { target, .. }
             | CallError::Sandbox { target, .. } => target,
         }
@@ -123,7 +131,17 @@ impl CallError {
     /// Whether retrying soon may succeed (a busy module, a timeout) rather than fail
     /// the same way again.
     pub fn is_transient(&self) -> bool {
-        matches!(self, CallError::Busy { .. } | CallError::Timeout { .. })
+        self.is_busy() || matches!(self, CallError::Timeout { .. })
+    }
+
+    /// Whether the call did not start for want of room (the module's
+    /// `maxConcurrentCalls`, or the host's instance pool): not a failed attempt; the
+    /// caller retries shortly without an Event.
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            CallError::Busy { .. } | CallError::InstancesFull { .. }
+        )
     }
 }
 

@@ -157,6 +157,15 @@ impl Grants {
         })
     }
 
+    /// The largest memory budget any module has (the defaults' or a module's own): no
+    /// linear memory may grow past it.
+    pub fn max_memory_bytes(&self) -> u64 {
+        self.modules
+            .values()
+            .map(|module| module.limits.memory_bytes)
+            .fold(self.defaults.memory_bytes, u64::max)
+    }
+
     /// What `module` is granted: its own entry, or the defaults and nothing else.
     pub fn for_module(&self, module: &str) -> ModuleGrants {
         self.modules.get(module).cloned().unwrap_or(ModuleGrants {

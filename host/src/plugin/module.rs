@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use tokio::sync::Semaphore;
 use wasmtime::component::ResourceTableError;
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::{Engine, PoolConcurrencyLimitError, Store, Trap};
 
 use super::answer;
 use super::bindings::types::{
@@ -269,16 +269,24 @@ impl LoadedModule {
         }
     }
 
-    /// A fresh store for one call. Making it opens the granted directories: blocking
-    /// filesystem work (an NFS export can hang), so it runs on a blocking thread, never
-    /// on an async worker. Then the bounds on what the guest hands the host: hostcall
-    /// fuel for lifting (answers and import arguments), and the log budget.
+    /// A fresh store for one call. Once every granted directory is open (normally from
+    /// start) making it only clones their handles, on this thread. Until then making it
+    /// opens them: blocking filesystem work (an NFS export can hang), so it runs on a
+    /// blocking thread, never on an async worker. Then the bounds on what the guest
+    /// hands the host: hostcall fuel for lifting (answers and import arguments), and the
+    /// log budget.
     async fn new_store(&self, call: Call) -> Result<Store<GuestState>, CallError> {
-        let sandbox = self.sandbox.clone();
-        let engine = self.engine.clone();
-        let made = tokio::task::spawn_blocking(move || sandbox.store(&engine, call.as_str()))
-            .await
-            .unwrap_or_else(|error| Err(format!("the thread making the sandbox failed: {error}")));
+        let made = if self.sandbox.is_ready() {
+            self.sandbox.store(&self.engine, call.as_str())
+        } else {
+            let sandbox = self.sandbox.clone();
+            let engine = self.engine.clone();
+            tokio::task::spawn_blocking(move || sandbox.store(&engine, call.as_str()))
+                .await
+                .unwrap_or_else(|error| {
+                    Err(format!("the thread making the sandbox failed: {error}"))
+                })
+        };
         let mut store = made.map_err(|cause| CallError::Sandbox {
             target: self.target(call),
             cause,
@@ -294,6 +302,12 @@ impl LoadedModule {
     fn classify(&self, call: Call, error: wasmtime::Error, store: &Store<GuestState>) -> CallError {
         let target = self.target(call);
         let limits = self.limits();
+        if let Some(full) = error.downcast_ref::<PoolConcurrencyLimitError>() {
+            return CallError::InstancesFull {
+                target,
+                cause: full.to_string(),
+            };
+        }
         if error.downcast_ref::<DeadlineExceeded>().is_some() {
             return CallError::Timeout {
                 target,

@@ -11,7 +11,7 @@ use wasmtime::component::{Component, Linker};
 
 use super::bindings::ProvisionerPre;
 use super::cache::{CacheError, CompileOutcome, PrecompiledCache};
-use super::engine::{EpochTicker, new_engine};
+use super::engine::{DEFAULT_MAX_GUEST_INSTANCES, EpochTicker, InstancePool, new_engine};
 use super::error::{CallError, LoadError, ResolveError};
 use super::grants::Grants;
 use super::metrics::Metrics;
@@ -36,6 +36,9 @@ pub struct RuntimeConfig {
     pub guest_log_bytes_per_call: usize,
     /// Largest module file read (`--max-module-bytes`); a larger one is refused.
     pub max_module_bytes: u64,
+    /// Guest instances alive at once, every module together (`--max-guest-instances`):
+    /// the size of the instance pool.
+    pub max_guest_instances: u32,
 }
 
 impl Default for RuntimeConfig {
@@ -45,6 +48,7 @@ impl Default for RuntimeConfig {
             cache_dir: None,
             guest_log_bytes_per_call: super::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL,
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
+            max_guest_instances: DEFAULT_MAX_GUEST_INSTANCES,
         }
     }
 }
@@ -106,7 +110,11 @@ impl Runtime {
     /// Builds the engine, the linker and the cache, opens every granted directory,
     /// and starts the epoch ticker.
     pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
-        let engine = new_engine().map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let pool = InstancePool {
+            max_guest_instances: config.max_guest_instances,
+            max_memory_bytes: config.grants.max_memory_bytes(),
+        };
+        let engine = new_engine(pool).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let linker = linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(PrecompiledCache::open(dir, &engine).map_err(|source| {
@@ -441,7 +449,10 @@ fn transient(error: &LoadError) -> bool {
         error,
         LoadError::Describe { error, .. } if matches!(
             **error,
-            CallError::Sandbox { .. } | CallError::Busy { .. } | CallError::Timeout { .. }
+            CallError::Sandbox { .. }
+                | CallError::Busy { .. }
+                | CallError::InstancesFull { .. }
+                | CallError::Timeout { .. }
         )
     )
 }

@@ -88,7 +88,7 @@ pub(super) async fn provision(
 
     let volume = match answer {
         // The module did nothing; retried shortly.
-        Err(source @ CallError::Busy { .. }) => {
+        Err(source) if source.is_busy() => {
             ctx.journal.clear(&key(claim));
             return Ok(busy(claim, &source));
         }

@@ -155,7 +155,7 @@ pub async fn reconcile(
     .await
     {
         Ok(true) => {}
-        Err(source @ CallError::Busy { .. }) => return Ok(busy(&claim, &source)),
+        Err(source) if source.is_busy() => return Ok(busy(&claim, &source)),
         Ok(false) => {
             info!(claim = %view.key(), module = module.name(), "plugin declined the claim (should-provision said no)");
             return Ok(resync(&ctx));
