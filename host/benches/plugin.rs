@@ -144,7 +144,8 @@ fn load_module(c: &mut Criterion, name: &str) {
     let cache = tempfile::tempdir().unwrap();
     let config = RuntimeConfig {
         grants: Grants::none(),
-        cache_dir: Some(cache.path().to_path_buf()),
+        // The cache makes its own directory, private (0700), inside the scratch one.
+        cache_dir: Some(cache.path().join("cache")),
         ..RuntimeConfig::default()
     };
     let warm = Runtime::new(config.clone()).unwrap();
