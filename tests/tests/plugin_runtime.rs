@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use wasm_provisioner::plugin::types::{
-    DeleteRequest, ProvisionError, ProvisionRequest, PublishedVolume, VolumeSource,
+    DeleteRequest, ProvisionError, ProvisionRequest, PublishedVolume, Volume, VolumeSource,
 };
 use wasm_provisioner::plugin::{
     CallError, Grants, LoadError, LoadOutcome, LoadedModule, ResolveError, Runtime, RuntimeConfig,
@@ -164,11 +164,11 @@ async fn oversized_answer_is_refused() {
     assert_healthy(&runtime).await;
 }
 
-#[tokio::test]
-async fn concurrency_limit_refuses_the_extra_call() {
-    let runtime =
-        runtime("modules: { spin: { limits: { timeoutSeconds: 2, maxConcurrentCalls: 1 } } }");
-    let spin = load(&runtime, "spin", "test-spin").await;
+/// Starts a `provision` call of the `test-spin` guest (it spins until its deadline) and
+/// returns once it is running.
+async fn start_spinning(
+    spin: &std::sync::Arc<LoadedModule>,
+) -> tokio::task::JoinHandle<Result<Result<Volume, ProvisionError>, CallError>> {
     let running = tokio::spawn({
         let spin = spin.clone();
         async move { spin.provision(&request(&[])).await }
@@ -178,6 +178,15 @@ async fn concurrency_limit_refuses_the_extra_call() {
         assert!(Instant::now() < deadline, "the first call never started");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    running
+}
+
+#[tokio::test]
+async fn concurrency_limit_refuses_the_extra_call() {
+    let runtime =
+        runtime("modules: { spin: { limits: { timeoutSeconds: 2, maxConcurrentCalls: 1 } } }");
+    let spin = load(&runtime, "spin", "test-spin").await;
+    let running = start_spinning(&spin).await;
     let error = spin.should_provision(&request(&[])).await.unwrap_err();
     assert!(
         matches!(
@@ -215,15 +224,7 @@ async fn a_full_instance_pool_refuses_the_extra_call_as_busy() {
     .unwrap();
     let spin = load(&runtime, "spin", "test-spin").await;
     let other = load(&runtime, "hostpath", "hostpath").await;
-    let running = tokio::spawn({
-        let spin = spin.clone();
-        async move { spin.provision(&request(&[])).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while spin.calls_in_flight() == 0 {
-        assert!(Instant::now() < deadline, "the first call never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let running = start_spinning(&spin).await;
     // Give the spinning call time to be instantiated (it holds the only slot).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let error = other.should_provision(&request(&[])).await.unwrap_err();
