@@ -9,6 +9,9 @@
 //!   few MiB; lifting the answer into host `String`s costs the host 2 MiB per entry,
 //!   before the size check after the call could refuse it.
 //!
+//! - **State carrier**: a module that leaves marks in its instance (a global, memory,
+//!   its memory image) to find them in the next call, whose pooled slots it reuses.
+//!
 //! Each hostile component is a core module written in WAT, implementing the
 //! `provisioner` world's exports by hand at the canonical-ABI level, and wrapped into a
 //! component with `wit-component` against the repository's `wit/` (the same world the
@@ -125,6 +128,33 @@ fn alias_bomb() -> String {
     );
     // 3 MiB: the request area, the entries and the 1 MiB string from 1 MiB.
     core_module("test-alias-bomb", 48, &extra)
+}
+
+/// `should-provision` answers yes only in a pristine instance, then leaves its mark in
+/// each kind of state an instance has: a mutable global, a byte of linear memory
+/// outside the data segments (60000) and a byte of the memory image (16, the first
+/// letter of the module's name, `t`). A later call seeing any of it answers no.
+fn state_carrier() -> String {
+    let should_provision =
+        r#"(func (export "should-provision") (param i32) (result i32) (i32.const 1))"#;
+    let carrier = r#"(global $calls (mut i32) (i32.const 0))
+  (func (export "should-provision") (param i32) (result i32)
+    (local $pristine i32)
+    (local.set $pristine
+      (i32.and
+        (i32.and (i32.eqz (global.get $calls)) (i32.eqz (i32.load8_u (i32.const 60000))))
+        (i32.eq (i32.load8_u (i32.const 16)) (i32.const 116))))
+    (global.set $calls (i32.add (global.get $calls) (i32.const 1)))
+    (i32.store8 (i32.const 60000) (i32.const 1))
+    (i32.store8 (i32.const 16) (i32.const 88))
+    (local.get $pristine))"#;
+    let module = core_module(
+        "test-fresh",
+        2,
+        "  (func (export \"provision\") (param i32) (result i32) unreachable)\n",
+    );
+    assert!(module.contains(should_provision));
+    module.replace(should_provision, carrier)
 }
 
 /// Wraps a WAT core module into a `provisioner` component, against the repository's
@@ -272,6 +302,33 @@ async fn aliased_answer_is_stopped_while_lifting() {
         growth < 32 * MIB,
         "lifting the answer grew the host's peak RSS by {growth} bytes (the whole answer is {lifted})"
     );
+}
+
+/// Every call runs in a fresh instance: with the pooling allocator a call reuses the
+/// memory, table and stack slots of an earlier one (one slot here, so every call takes
+/// the same), and nothing it left there may be visible: globals re-initialised, memory
+/// zeroed, the memory image restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_never_sees_what_an_earlier_call_left_in_its_instance() {
+    let _one_at_a_time = RSS.lock().await;
+    let grants = Grants::from_yaml("{}", "test grants").expect("valid grants");
+    let runtime = Runtime::new(RuntimeConfig {
+        grants,
+        max_guest_instances: 1,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    runtime
+        .load_bytes("fresh", component(&state_carrier()))
+        .await
+        .unwrap_or_else(|e| panic!("loading the state carrier: {e}"));
+    let module = runtime.module("fresh").expect("in service");
+    for call in 0..20 {
+        assert!(
+            module.should_provision(&request()).await.unwrap(),
+            "call {call} saw state an earlier call left in its instance"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
