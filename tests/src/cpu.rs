@@ -22,6 +22,7 @@ pub const GO_LIBRARY: &str = "go-library";
 pub struct CpuSample {
     at: Instant,
     machine_busy_s: Option<f64>,
+    stolen_s: Option<f64>,
     processes: BTreeMap<String, f64>,
 }
 
@@ -32,6 +33,9 @@ pub struct CpuUse {
     pub cores: usize,
     /// Busy CPU seconds of the whole machine (every process, the kernel's too).
     pub machine_busy_s: Option<f64>,
+    /// CPU seconds the hypervisor gave to other guests while this virtual machine had
+    /// work (`steal` in `/proc/stat`): the run was slowed by something outside it.
+    pub stolen_s: Option<f64>,
     /// CPU seconds by process name (`etcd`, `kube-apiserver`, `kube-controller-manager`,
     /// `host` or `go-library`, `benchmark`); a process missing from either sample is left
     /// out.
@@ -50,9 +54,11 @@ impl CpuSample {
             .into_iter()
             .filter_map(|(name, pid)| Some((name, process_cpu_seconds(pid)?)))
             .collect();
+        let machine = machine_seconds();
         CpuSample {
             at: Instant::now(),
-            machine_busy_s: machine_busy_seconds(),
+            machine_busy_s: machine.map(|(busy, _)| busy),
+            stolen_s: machine.map(|(_, stolen)| stolen),
             processes,
         }
     }
@@ -71,6 +77,10 @@ impl CpuSample {
                 .machine_busy_s
                 .zip(before.machine_busy_s)
                 .map(|(now, then)| now - then),
+            stolen_s: self
+                .stolen_s
+                .zip(before.stolen_s)
+                .map(|(now, then)| now - then),
             processes,
         }
     }
@@ -85,9 +95,20 @@ impl CpuUse {
             .map(|busy| busy / capacity)
     }
 
+    /// The share of the machine's cores that went to neither the control plane, the
+    /// provisioner nor the benchmark (other processes, or the hypervisor's other guests):
+    /// above a few percent the run's figures were disturbed from outside.
+    pub fn outside_share(&self) -> Option<f64> {
+        let capacity = self.wall_s * self.cores as f64;
+        let busy = self.machine_busy_s?;
+        let named: f64 = self.processes.values().sum();
+        let outside = (busy - named).max(0.0) + self.stolen_s.unwrap_or(0.0);
+        (capacity > 0.0).then(|| outside / capacity)
+    }
+
     /// One table row's cells: busy share, then CPU ms per volume of each component,
-    /// each provisioner (the host, the Go library), the benchmark, the rest of the machine
-    /// and the total.
+    /// each provisioner (the host, the Go library), the benchmark, the rest of the
+    /// machine, what the hypervisor took (stolen) and the total busy.
     pub fn cells(&self, volumes: usize) -> Vec<String> {
         let per_volume = |seconds: f64| format!("{:.1}", seconds * 1000.0 / volumes.max(1) as f64);
         let mut cells = vec![
@@ -107,12 +128,11 @@ impl CpuUse {
             }
         }
         match self.machine_busy_s {
-            Some(busy) => {
-                cells.push(per_volume((busy - named).max(0.0)));
-                cells.push(per_volume(busy));
-            }
-            None => cells.extend(["-".to_string(), "-".to_string()]),
+            Some(busy) => cells.push(per_volume((busy - named).max(0.0))),
+            None => cells.push("-".into()),
         }
+        cells.push(self.stolen_s.map_or_else(|| "-".into(), per_volume));
+        cells.push(self.machine_busy_s.map_or_else(|| "-".into(), per_volume));
         cells
     }
 }
@@ -132,15 +152,21 @@ fn parse_process_ticks(stat: &str) -> Option<f64> {
     Some(utime + stime)
 }
 
-/// Busy CPU seconds of the whole machine since boot (all but idle and iowait).
-fn machine_busy_seconds() -> Option<f64> {
+/// CPU seconds of the whole machine since boot: busy (all but idle, iowait and steal),
+/// and stolen by the hypervisor.
+fn machine_seconds() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    parse_machine_busy_ticks(&stat).map(|ticks| ticks / clock_ticks_per_second())
+    let (busy, stolen) = parse_machine_ticks(&stat)?;
+    Some((
+        busy / clock_ticks_per_second(),
+        stolen / clock_ticks_per_second(),
+    ))
 }
 
 /// The first line of `/proc/stat`: `cpu user nice system idle iowait irq softirq steal
-/// guest guest_nice`; guest time is already counted in user.
-fn parse_machine_busy_ticks(stat: &str) -> Option<f64> {
+/// guest guest_nice`; guest time is already counted in user. Busy ticks (all but idle,
+/// iowait and steal) and steal ticks.
+fn parse_machine_ticks(stat: &str) -> Option<(f64, f64)> {
     let line = stat.lines().find(|line| line.starts_with("cpu "))?;
     let ticks: Vec<f64> = line
         .split_whitespace()
@@ -148,8 +174,8 @@ fn parse_machine_busy_ticks(stat: &str) -> Option<f64> {
         .take(8)
         .map(|field| field.parse().ok())
         .collect::<Option<_>>()?;
-    let (idle, iowait) = (ticks.get(3)?, ticks.get(4)?);
-    Some(ticks.iter().sum::<f64>() - idle - iowait)
+    let (idle, iowait, steal) = (ticks.get(3)?, ticks.get(4)?, ticks.get(7)?);
+    Some((ticks.iter().sum::<f64>() - idle - iowait - steal, *steal))
 }
 
 /// `getconf CLK_TCK`: 100 on every Linux this runs on.
@@ -196,9 +222,9 @@ mod tests {
     }
 
     #[test]
-    fn machine_busy_ticks_leave_out_idle_and_iowait() {
-        let stat = "cpu  100 5 50 1000 20 3 2 1 0 0\ncpu0 50 2 25 500 10 1 1 0 0 0\n";
-        assert_eq!(parse_machine_busy_ticks(stat), Some(161.0));
+    fn machine_busy_ticks_leave_out_idle_iowait_and_steal() {
+        let stat = "cpu  100 5 50 1000 20 3 2 4 0 0\ncpu0 50 2 25 500 10 1 1 0 0 0\n";
+        assert_eq!(parse_machine_ticks(stat), Some((160.0, 4.0)));
     }
 
     #[test]
@@ -228,6 +254,7 @@ mod tests {
             wall_s: 10.0,
             cores: 2,
             machine_busy_s: Some(15.0),
+            stolen_s: Some(0.5),
             processes: [
                 ("etcd".to_string(), 2.0),
                 ("kube-apiserver".to_string(), 6.0),
@@ -241,9 +268,11 @@ mod tests {
         assert_eq!(
             cpu.cells(500),
             [
-                "75%", "4.0", "12.0", "4.0", "2.0", "-", "1.0", "7.0", "30.0"
+                "75%", "4.0", "12.0", "4.0", "2.0", "-", "1.0", "7.0", "1.0", "30.0"
             ]
         );
+        // 3.5 s of other work and 0.5 s stolen, of 20 s of the two cores.
+        assert_eq!(cpu.outside_share(), Some(0.2));
     }
 
     #[test]
@@ -252,11 +281,12 @@ mod tests {
             wall_s: 1.0,
             cores: 2,
             machine_busy_s: Some(1.0),
+            stolen_s: None,
             processes: [(GO_LIBRARY.to_string(), 0.5)].into(),
         };
         assert_eq!(
             cpu.cells(100),
-            ["50%", "-", "-", "-", "-", "5.0", "-", "5.0", "10.0"]
+            ["50%", "-", "-", "-", "-", "5.0", "-", "5.0", "-", "10.0"]
         );
     }
 }

@@ -341,6 +341,15 @@ impl RunFigures {
         )
     }
 
+    /// Whether other work took more than [`DISTURBED_SHARE`] of the machine while this
+    /// run provisioned (its claims/s then says more about the machine than the run).
+    pub fn disturbed(&self) -> bool {
+        self.cpu_provisioning
+            .as_ref()
+            .and_then(crate::cpu::CpuUse::outside_share)
+            .is_some_and(|share| share > DISTURBED_SHARE)
+    }
+
     pub fn claims_per_s(&self) -> f64 {
         rate(self.bound, self.all_bound_s)
     }
@@ -384,6 +393,7 @@ pub fn summary_table(runs: &[RunFigures]) -> String {
          | run | each | median | of the ceiling's median |\n\
          |---|---|---|---|\n",
     );
+    let mut disturbed_any = false;
     for name in names {
         let each = rates(name);
         let median = quantile(&each, 0.5);
@@ -392,15 +402,40 @@ pub fn summary_table(runs: &[RunFigures]) -> String {
         } else {
             "-".into()
         };
-        let each: Vec<String> = each.iter().map(|rate| format!("{rate:.1}")).collect();
+        let marked: Vec<String> = runs
+            .iter()
+            .filter(|run| run.run == name)
+            .map(|run| {
+                let disturbed = run.disturbed();
+                disturbed_any |= disturbed;
+                format!(
+                    "{:.1}{}",
+                    run.claims_per_s(),
+                    if disturbed { "*" } else { "" }
+                )
+            })
+            .collect();
         let _ = writeln!(
             out,
             "| {name} | {} | {median:.1} | {share} |",
-            each.join(", ")
+            marked.join(", ")
+        );
+    }
+    if disturbed_any {
+        let _ = writeln!(
+            out,
+            "\n\\* disturbed: while it provisioned, more than {:.0}% of the machine went to \
+             neither the control plane, the provisioner nor the benchmark (`rest` and `stolen` \
+             in the CPU table: another process, or the hypervisor's other guests)",
+            DISTURBED_SHARE * 100.0
         );
     }
     out
 }
+
+/// The share of the machine's cores going to other work (another process, the
+/// hypervisor's other guests) above which a run's figures are marked as disturbed.
+pub const DISTURBED_SHARE: f64 = 0.05;
 
 /// When each stage reached 1%, half and all of the claims, seconds since the first
 /// create: the controller-manager's announcement, the PV, Bound. Shows which side of the
@@ -441,8 +476,8 @@ pub fn stages_table(runs: &[RunFigures]) -> String {
 pub fn cpu_table(runs: &[RunFigures]) -> String {
     let mut out = String::from(
         "CPU while provisioning (first create to all Bound), ms per volume\n\
-         | run | N | machine busy | etcd | kube-apiserver | kube-controller-manager | host | Go library | benchmark | rest | all |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         | run | N | machine busy | etcd | kube-apiserver | kube-controller-manager | host | Go library | benchmark | rest | stolen | all |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in runs {
         let Some(cpu) = &run.cpu_provisioning else {
@@ -995,6 +1030,33 @@ process_cpu_seconds_total 12.5
             text.contains("| unthrottled | 50.0, 80.0, 25.0 | 50.0 | 50% |"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_run_other_work_disturbed_is_marked() {
+        let cpu = |busy: f64, stolen: f64| crate::cpu::CpuUse {
+            wall_s: 1.0,
+            cores: 2,
+            machine_busy_s: Some(busy),
+            stolen_s: Some(stolen),
+            processes: [("kube-apiserver".to_string(), 1.0)].into(),
+        };
+        let mut quiet = run_binding("unthrottled", 100, 1.0);
+        quiet.cpu_provisioning = Some(cpu(1.05, 0.0));
+        let mut stolen = run_binding("unthrottled", 100, 2.0);
+        stolen.cpu_provisioning = Some(cpu(1.0, 0.3));
+        let mut busy = run_binding("ceiling", 100, 1.0);
+        busy.cpu_provisioning = Some(cpu(1.5, 0.0));
+        assert!(!quiet.disturbed() && stolen.disturbed() && busy.disturbed());
+        let text = summary_table(&[busy, quiet, stolen]);
+        assert!(
+            text.contains("| ceiling | 100.0* | 100.0 | 100% |"),
+            "{text}"
+        );
+        assert!(text.contains("| unthrottled | 100.0, 50.0* |"), "{text}");
+        assert!(text.contains("* disturbed"), "{text}");
+        let quiet_only = summary_table(&[run_binding("ceiling", 100, 1.0)]);
+        assert!(!quiet_only.contains("disturbed"), "{quiet_only}");
     }
 
     #[test]
