@@ -381,13 +381,12 @@ pub fn summary_table(runs: &[RunFigures]) -> String {
             names.push(&run.run);
         }
     }
-    let rates = |name: &str| -> Vec<f64> {
-        runs.iter()
-            .filter(|run| run.run == name)
-            .map(RunFigures::claims_per_s)
-            .collect()
-    };
-    let ceiling = quantile(&rates("ceiling"), 0.5);
+    let ceiling_rates: Vec<f64> = runs
+        .iter()
+        .filter(|run| run.run == "ceiling")
+        .map(RunFigures::claims_per_s)
+        .collect();
+    let ceiling = quantile(&ceiling_rates, 0.5);
     let mut out = String::from(
         "Summary of the repeated runs: claims/s\n\
          | run | each | median | of the ceiling's median |\n\
@@ -395,24 +394,21 @@ pub fn summary_table(runs: &[RunFigures]) -> String {
     );
     let mut disturbed_any = false;
     for name in names {
-        let each = rates(name);
-        let median = quantile(&each, 0.5);
+        let each: Vec<&RunFigures> = runs.iter().filter(|run| run.run == name).collect();
+        let rates: Vec<f64> = each.iter().map(|run| run.claims_per_s()).collect();
+        let median = quantile(&rates, 0.5);
         let share = if ceiling > 0.0 {
             format!("{:.0}%", median / ceiling * 100.0)
         } else {
             "-".into()
         };
-        let marked: Vec<String> = runs
+        let marked: Vec<String> = each
             .iter()
-            .filter(|run| run.run == name)
-            .map(|run| {
+            .zip(&rates)
+            .map(|(run, rate)| {
                 let disturbed = run.disturbed();
                 disturbed_any |= disturbed;
-                format!(
-                    "{:.1}{}",
-                    run.claims_per_s(),
-                    if disturbed { "*" } else { "" }
-                )
+                format!("{rate:.1}{}", if disturbed { "*" } else { "" })
             })
             .collect();
         let _ = writeln!(

@@ -18,8 +18,8 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Default of `--max-guest-instances`: guest instances alive at once, every module
 /// together (the size of the instance pool). Calls run inside the controllers' workers
-/// (`--threads` per controller) plus a module's `describe` at each load, so this leaves
-/// room for four times the default workers.
+/// (`--threads` per controller, two controllers) plus a module's `describe` at each
+/// load, so this leaves room for eight times the default 16 workers.
 pub const DEFAULT_MAX_GUEST_INSTANCES: u32 = 128;
 
 /// Per call, at most this many core instances, linear memories and tables are expected

@@ -447,12 +447,7 @@ impl Runtime {
 fn transient(error: &LoadError) -> bool {
     matches!(
         error,
-        LoadError::Describe { error, .. } if matches!(
-            **error,
-            CallError::Sandbox { .. }
-                | CallError::Busy { .. }
-                | CallError::InstancesFull { .. }
-                | CallError::Timeout { .. }
-        )
+        LoadError::Describe { error, .. }
+            if error.is_transient() || matches!(**error, CallError::Sandbox { .. })
     )
 }
