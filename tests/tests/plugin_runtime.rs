@@ -225,9 +225,21 @@ async fn a_full_instance_pool_refuses_the_extra_call_as_busy() {
     let spin = load(&runtime, "spin", "test-spin").await;
     let other = load(&runtime, "hostpath", "hostpath").await;
     let running = start_spinning(&spin).await;
-    // Give the spinning call time to be instantiated (it holds the only slot).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let error = other.should_provision(&request(&[])).await.unwrap_err();
+    // The spinning call holds the only slot once it is instantiated (a moment after it
+    // took its module's permit): until then the other call may still get the slot.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let error = loop {
+        match other.should_provision(&request(&[])).await {
+            Err(error) => break error,
+            Ok(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the full pool never refused a call"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
     assert!(matches!(error, CallError::InstancesFull { .. }), "{error}");
     assert!(error.is_busy() && error.is_transient(), "{error}");
     assert_eq!(error.metric_label(), "busy");
