@@ -227,6 +227,57 @@ async fn plugin_outcomes_are_handled_as_the_library_does() -> anyhow::Result<()>
     Ok(())
 }
 
+/// A class changed under its claims (deleted and created again, as parameters are
+/// immutable) retries them at once, not after their back-off: here the class's first
+/// version makes the plugin answer infeasible, the claim backs off for two minutes, and
+/// the class recreated without that parameter gets it provisioned within seconds. The
+/// claims are retried only once the host's class cache holds the new class, so the
+/// retry cannot see the old one (or none) and back off again.
+#[tokio::test]
+async fn a_recreated_class_retries_its_claims_at_once() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("class-again").await?;
+    fx.install_module("test-echo", "echo");
+    let host = fx.host(&["--retry-interval-start=120s", "--retry-interval-max=120s"]);
+    let class = fx
+        .class("echo", &[("outcome", "infeasible")], json!({}))
+        .await?;
+    fx.claim("again", &class, "1Gi", json!({})).await?;
+    let note = fx.wait_claim_event("again", "ProvisioningFailed").await?;
+    assert!(note.contains("echo: infeasible"), "{note}");
+
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(fx.ctx.client.clone());
+    let mut fixed = classes.get(&class).await?;
+    classes.delete(&class, &DeleteParams::default()).await?;
+    wait_for("the class to be gone", WAIT, || async {
+        Ok(classes.get_opt(&class).await?.is_none().then_some(()))
+    })
+    .await?;
+    fixed.metadata = kube::api::ObjectMeta {
+        name: Some(class.clone()),
+        ..Default::default()
+    };
+    fixed.parameters = Some([("module".to_string(), "echo".to_string())].into());
+    let recreated = std::time::Instant::now();
+    classes.create(&PostParams::default(), &fixed).await?;
+    wait_for(
+        "the claim to be Bound well before its back-off ends",
+        Duration::from_secs(30),
+        || async {
+            let claim = fx.claims().get("again").await?;
+            Ok(claim.spec.and_then(|s| s.volume_name).map(|_| ()))
+        },
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}\n{}", host.log_text()))?;
+    eprintln!(
+        "the claim was provisioned {:.1}s after its class was recreated (back-off 120 s)",
+        recreated.elapsed().as_secs_f64()
+    );
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
 /// The decision rules before a plugin is called: another provisioner's claims, a
 /// WaitForFirstConsumer class without a node, the plugin's veto, block support, the
 /// legacy class annotation, and a missing module fixed by adding it (hot reload).

@@ -205,16 +205,21 @@ where
 }
 
 /// Starts a reflector over `events` (a watcher's stream) and returns its store; the
-/// stream runs until `stop`.
+/// stream runs until `stop`. `observe` sees each event once the store holds it.
 fn reflect<K>(
     events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     stop: CancellationToken,
+    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = events.default_backoff().reflect(writer).applied_objects();
+    let stream = events
+        .default_backoff()
+        .reflect(writer)
+        .inspect_ok(observe)
+        .applied_objects();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         loop {
@@ -229,6 +234,28 @@ where
         }
     });
     reader
+}
+
+/// The claims of the class a class event is about (a class created, changed, listed or
+/// deleted), to be reconciled again: a fixed parameter, or a class recreated, retries
+/// its claims at once, resetting infeasible back-off.
+fn claims_of_class(
+    claims: &Store<PersistentVolumeClaim>,
+    event: &watcher::Event<StorageClass>,
+) -> Vec<ObjectRef<PersistentVolumeClaim>> {
+    let class = match event {
+        watcher::Event::Apply(class)
+        | watcher::Event::InitApply(class)
+        | watcher::Event::Delete(class) => class,
+        watcher::Event::Init | watcher::Event::InitDone => return Vec::new(),
+    };
+    let name = class.metadata.name.as_deref().unwrap_or_default();
+    claims
+        .state()
+        .iter()
+        .filter(|claim| ClaimView(claim).class_name().as_deref() == Some(name))
+        .map(|claim| ObjectRef::from_obj(claim.as_ref()))
+        .collect()
 }
 
 /// Runs both controllers until `stop` is cancelled, then lets in-flight reconciles
@@ -249,13 +276,27 @@ pub async fn run(
     let nodes_api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
 
     let watcher_stop = CancellationToken::new();
-    let classes = reflect(
-        watcher(classes_api.clone(), watcher::Config::default()),
-        watcher_stop.clone(),
-    );
+    let (claims, claims_writer) = reflector::store();
+    // One watch of the classes, for the cache and for retrying a class's claims when it
+    // changes: the claims are sent only once the cache holds the change, so their
+    // reconcile never sees the class as it was (a second watch could lag the first).
+    let (class_changed, class_wakeups) = futures::channel::mpsc::unbounded();
+    let classes = {
+        let claims = claims.clone();
+        reflect(
+            watcher(classes_api, watcher::Config::default()),
+            watcher_stop.clone(),
+            move |event| {
+                for claim in claims_of_class(&claims, event) {
+                    let _ = class_changed.unbounded_send(claim);
+                }
+            },
+        )
+    };
     let nodes = reflect(
         watcher(nodes_api, watcher::Config::default()),
         watcher_stop.clone(),
+        |_| {},
     );
 
     let config = kube::runtime::controller::Config::default().concurrency(settings.threads);
@@ -263,24 +304,11 @@ pub async fn run(
     // worker of that share frees.
     let (claim_shares, claim_wakeups) =
         WorkerShares::new("claims", settings.threads, metrics.module_waiting.clone());
-    let (claims, claims_writer) = reflector::store();
     let claim_controller =
         Controller::for_stream(cached(claims_api, claims_writer, |_| {}), claims.clone())
             .with_config(config.clone())
-            .reconcile_on(claim_wakeups);
-    // A class change (for example a fixed parameter) retries its claims at once,
-    // resetting infeasible back-off.
-    let claims_for_class = claims.clone();
-    let claim_controller =
-        claim_controller.watches(classes_api, watcher::Config::default(), move |class| {
-            let name = class.metadata.name.clone().unwrap_or_default();
-            claims_for_class
-                .state()
-                .into_iter()
-                .filter(|claim| ClaimView(claim).class_name().as_deref() == Some(name.as_str()))
-                .map(|claim| ObjectRef::from_obj(claim.as_ref()))
-                .collect::<Vec<_>>()
-        });
+            .reconcile_on(claim_wakeups)
+            .reconcile_on(class_wakeups);
     let (volume_shares, volume_wakeups) =
         WorkerShares::new("volumes", settings.threads, metrics.module_waiting.clone());
     let (volumes, volumes_writer) = reflector::store();
