@@ -397,3 +397,69 @@ fn a_module_cannot_create_symlinks_in_its_grant() {
         planted.display()
     );
 }
+
+/// A host whose address space is limited (`ulimit -v`, here 8 GiB) cannot reserve the
+/// instance pool (about 2 TiB of address space at the default 128 instances): it warns
+/// and runs with the on-demand allocator instead of refusing to start, and
+/// `--max-guest-instances 0` chooses that allocator without the warning.
+#[test]
+fn a_host_under_an_address_space_limit_runs_without_the_pool() {
+    use std::os::unix::process::CommandExt;
+    const LIMIT: libc::rlim_t = 8 << 30;
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let class = scratch.write("sc.yaml", &hostpath_class("delete"));
+    let claim = scratch.write("pvc.yaml", CLAIM);
+    let modules = scratch.path("modules");
+    let limited = |extra: &[&str]| -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+        command
+            .args([
+                "guest",
+                "provision",
+                "--modules",
+                modules.to_str().unwrap(),
+                "--class",
+                class.to_str().unwrap(),
+                "--claim",
+                claim.to_str().unwrap(),
+                "--grants",
+                grants.to_str().unwrap(),
+            ])
+            .args(extra)
+            .env_clear()
+            .env("WASM_PROVISIONER_LOG", "warn");
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: LIMIT,
+                    rlim_max: LIMIT,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        command.output().expect("running wasm-provisioner")
+    };
+
+    let output = limited(&[]);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("cannot reserve the instance pool for 128 guest instances")
+            && stderr.contains("using the on-demand allocator instead"),
+        "the fallback is told: {stderr}"
+    );
+    let pv: PersistentVolume = serde_yaml::from_slice(&output.stdout).expect("PV YAML on stdout");
+    assert_eq!(pv.metadata.name.as_deref(), Some(VOLUME_NAME));
+    assert!(scratch.path("granted").join(VOLUME_NAME).is_dir());
+
+    let chosen = limited(&["--max-guest-instances", "0"]);
+    let stderr = text(&chosen.stderr);
+    assert!(chosen.status.success(), "stderr:\n{stderr}");
+    assert!(!stderr.contains("instance pool"), "no warning: {stderr}");
+    assert_eq!(chosen.stdout, output.stdout, "the same volume again");
+}

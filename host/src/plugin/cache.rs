@@ -413,7 +413,9 @@ mod tests {
 
     #[test]
     fn entries_are_keyed_by_module_and_engine() {
-        let engine = super::super::engine::new_engine(Default::default()).unwrap();
+        let engine = super::super::engine::new_engine(Default::default())
+            .unwrap()
+            .0;
         let dir = tempfile::tempdir().unwrap();
         let cache = PrecompiledCache::open(&dir.path().join("cache"), &engine).unwrap();
         let a = cache.entry(&"a".repeat(64));
@@ -469,7 +471,9 @@ mod tests {
 
     #[test]
     fn a_bad_key_file_is_replaced() {
-        let engine = super::super::engine::new_engine(Default::default()).unwrap();
+        let engine = super::super::engine::new_engine(Default::default())
+            .unwrap()
+            .0;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cache");
         let first = PrecompiledCache::open(&path, &engine).unwrap();

@@ -48,16 +48,64 @@ impl Default for InstancePool {
     }
 }
 
+/// The instance allocator the engine runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// Slots reserved once at start and reused ([`pooling`]).
+    Pooling,
+    /// Each call maps its memories, tables and stack afresh, reserving only what its
+    /// grant allows ([`on_demand`]): asked for with `--max-guest-instances 0`, or when
+    /// the pool's address space cannot be reserved.
+    OnDemand,
+}
+
 /// Builds the engine: Cranelift, epoch interruption, copy-on-write memory images, the
 /// pooling allocator (see [`pooling`]), and only the proposals a provisioner plugin
 /// plausibly needs.
-pub fn new_engine(pool: InstancePool) -> wasmtime::Result<Engine> {
+///
+/// A pool whose address space cannot be reserved (a process address-space limit,
+/// `ulimit -v`, is the usual cause) does not stop the host: it warns and runs with the
+/// on-demand allocator instead, whose memories reserve only what a grant allows.
+pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
+    if pool.max_guest_instances == 0 {
+        return Ok((Engine::new(&on_demand(pool)?)?, Allocator::OnDemand));
+    }
+    let mut config = common()?;
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(pool)));
+    match Engine::new(&config) {
+        Ok(engine) => Ok((engine, Allocator::Pooling)),
+        Err(error) => {
+            let engine = Engine::new(&on_demand(pool)?)?;
+            tracing::warn!(
+                "cannot reserve the instance pool for {} guest instances ({error:#}); using the on-demand allocator instead: every call maps its memory afresh (about twice the CPU per call) and reserves only what its grant allows. To get the pool back, raise the process's address-space limit (ulimit -v) or lower --max-guest-instances; --max-guest-instances 0 chooses the on-demand allocator without this warning",
+                pool.max_guest_instances
+            );
+            Ok((engine, Allocator::OnDemand))
+        }
+    }
+}
+
+/// The on-demand allocator, its linear memories reserving the largest memory granted
+/// (and a 64 KiB guard) instead of 4 GiB each: bounds are checked by the compiled code
+/// rather than by guard pages, so a host under an address-space limit can still run as
+/// many calls at once as its workers make.
+fn on_demand(pool: InstancePool) -> wasmtime::Result<Config> {
+    let mut config = common()?;
+    config
+        .allocation_strategy(InstanceAllocationStrategy::OnDemand)
+        .memory_reservation(pool.max_memory_bytes)
+        .memory_reservation_for_growth(0)
+        .memory_guard_size(64 << 10);
+    Ok(config)
+}
+
+/// What both allocators share.
+fn common() -> wasmtime::Result<Config> {
     let mut config = Config::new();
     config
         .strategy(Strategy::Cranelift)
         .epoch_interruption(true)
         .memory_init_cow(true)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(pool)))
         .signals_based_traps(true)
         .wasm_component_model(true)
         .parallel_compilation(true);
@@ -81,7 +129,7 @@ pub fn new_engine(pool: InstancePool) -> wasmtime::Result<Engine> {
     ] {
         config.wasm_features(feature, false);
     }
-    Engine::new(&config)
+    Ok(config)
 }
 
 /// The pooling allocator: every call's instance, memories, tables and async stack come

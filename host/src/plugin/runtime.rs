@@ -11,7 +11,9 @@ use wasmtime::component::{Component, Linker};
 
 use super::bindings::ProvisionerPre;
 use super::cache::{CacheError, CompileOutcome, PrecompiledCache};
-use super::engine::{DEFAULT_MAX_GUEST_INSTANCES, EpochTicker, InstancePool, new_engine};
+use super::engine::{
+    Allocator, DEFAULT_MAX_GUEST_INSTANCES, EpochTicker, InstancePool, new_engine,
+};
 use super::error::{CallError, LoadError, ResolveError};
 use super::grants::Grants;
 use super::metrics::Metrics;
@@ -86,6 +88,7 @@ pub struct Runtime {
 
 struct Inner {
     engine: Engine,
+    allocator: Allocator,
     linker: Linker<GuestState>,
     cache: Option<PrecompiledCache>,
     grants: Grants,
@@ -114,7 +117,8 @@ impl Runtime {
             max_guest_instances: config.max_guest_instances,
             max_memory_bytes: config.grants.max_memory_bytes(),
         };
-        let engine = new_engine(pool).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let (engine, allocator) =
+            new_engine(pool).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let linker = linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(PrecompiledCache::open(dir, &engine).map_err(|source| {
@@ -130,6 +134,7 @@ impl Runtime {
         Ok(Runtime {
             inner: Arc::new(Inner {
                 engine,
+                allocator,
                 linker,
                 cache,
                 grants: config.grants,
@@ -149,6 +154,11 @@ impl Runtime {
 
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// The instance allocator the engine runs with.
+    pub fn allocator(&self) -> Allocator {
+        self.inner.allocator
     }
 
     pub fn grants(&self) -> &Grants {
