@@ -205,7 +205,9 @@ where
 }
 
 /// Starts a reflector over `events` (a watcher's stream) and returns its store; the
-/// stream runs until `stop`. `observe` sees each event once the store holds it.
+/// stream runs until `stop`. `observe` sees each event once the store holds it. As in
+/// [`cached`], each object's `managedFields` are dropped before it is stored: a node's
+/// (kubelet's status updates) are most of its metadata.
 fn reflect<K>(
     events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     stop: CancellationToken,
@@ -217,6 +219,7 @@ where
     let (reader, writer) = reflector::store();
     let stream = events
         .default_backoff()
+        .modify(|object| kube::ResourceExt::managed_fields_mut(object).clear())
         .reflect(writer)
         .inspect_ok(observe)
         .applied_objects();
