@@ -59,11 +59,17 @@ impl Scratch {
         )
     }
 
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+        command
             .args(args)
             .env_clear()
-            .env("WASM_PROVISIONER_LOG", "warn")
+            .env("WASM_PROVISIONER_LOG", "warn");
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args)
             .output()
             .expect("running wasm-provisioner")
     }
@@ -108,6 +114,17 @@ fn text(bytes: &[u8]) -> String {
 }
 
 fn provision(scratch: &Scratch, module_args: &[&str], class: &Path, grants: &Path) -> Output {
+    provision_command(scratch, module_args, class, grants)
+        .output()
+        .expect("running wasm-provisioner")
+}
+
+fn provision_command(
+    scratch: &Scratch,
+    module_args: &[&str],
+    class: &Path,
+    grants: &Path,
+) -> Command {
     let modules = scratch.path("modules");
     let claim = scratch.write("pvc.yaml", CLAIM);
     let mut args = vec![
@@ -123,7 +140,7 @@ fn provision(scratch: &Scratch, module_args: &[&str], class: &Path, grants: &Pat
         grants.to_str().unwrap(),
     ];
     args.extend_from_slice(module_args);
-    scratch.run(&args)
+    scratch.command(&args)
 }
 
 #[test]
@@ -409,26 +426,8 @@ fn a_host_under_an_address_space_limit_runs_without_the_pool() {
     let scratch = Scratch::new(&["hostpath"]);
     let grants = scratch.grants("hostpath", "/volumes");
     let class = scratch.write("sc.yaml", &hostpath_class("delete"));
-    let claim = scratch.write("pvc.yaml", CLAIM);
-    let modules = scratch.path("modules");
     let limited = |extra: &[&str]| -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        command
-            .args([
-                "guest",
-                "provision",
-                "--modules",
-                modules.to_str().unwrap(),
-                "--class",
-                class.to_str().unwrap(),
-                "--claim",
-                claim.to_str().unwrap(),
-                "--grants",
-                grants.to_str().unwrap(),
-            ])
-            .args(extra)
-            .env_clear()
-            .env("WASM_PROVISIONER_LOG", "warn");
+        let mut command = provision_command(&scratch, extra, &class, &grants);
         // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             command.pre_exec(|| {
