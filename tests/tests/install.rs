@@ -493,6 +493,66 @@ fn the_image_is_what_the_deployment_expects() {
     );
 }
 
+/// The chart at its default values runs the host as the kustomize base does: a flag
+/// the base sets has the base's value, and any other flag the chart sets has the host's
+/// own default (the chart once ran 4 workers where the host's default, chosen by the
+/// load benchmark, is 8).
+#[test]
+fn the_chart_s_defaults_are_the_host_s_defaults() {
+    use clap::CommandFactory;
+    prepare_modules();
+    let flags = |args: &Value| -> std::collections::BTreeMap<String, String> {
+        args.as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|arg| arg.as_str()?.strip_prefix("--")?.split_once('='))
+            .map(|(flag, value)| (flag.to_string(), value.to_string()))
+            .collect()
+    };
+    let rendered = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+    let chart =
+        flags(&one(&rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]);
+    let base: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/deployment.yaml")).unwrap(),
+    )
+    .unwrap();
+    let base = flags(&base["spec"]["template"]["spec"]["containers"][0]["args"]);
+    let cli = wasm_provisioner::cli::Cli::command();
+    let run = cli.find_subcommand("run").expect("a run subcommand");
+    let mut compared = 0;
+    for (flag, value) in &chart {
+        let expected = match base.get(flag) {
+            Some(base_value) => base_value.clone(),
+            None => {
+                let arg = run
+                    .get_arguments()
+                    .chain(cli.get_arguments())
+                    .find(|arg| arg.get_long() == Some(flag.as_str()))
+                    .unwrap_or_else(|| {
+                        panic!("the chart sets --{flag}, which `run` does not have")
+                    });
+                let defaults: Vec<String> = arg
+                    .get_default_values()
+                    .iter()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .collect();
+                assert_eq!(
+                    defaults.len(),
+                    1,
+                    "--{flag} has no single default: {defaults:?}"
+                );
+                defaults[0].clone()
+            }
+        };
+        assert_eq!(
+            value, &expected,
+            "the chart's default --{flag}={value}; the host's (or the kustomize base's) is {expected}"
+        );
+        compared += 1;
+    }
+    assert!(compared >= 10, "only {compared} flags compared: {chart:?}");
+}
+
 /// A component with a custom section appended: the same guest, a new version (sha256).
 fn new_version(component: &[u8]) -> Vec<u8> {
     let name = b"wasm-provisioner-test-version";
