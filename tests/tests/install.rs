@@ -498,7 +498,7 @@ fn the_image_is_what_the_deployment_expects() {
 /// own default (the chart once ran 4 workers where the host's default, chosen by the
 /// load benchmark, is 8).
 #[test]
-fn the_chart_s_defaults_are_the_host_s_defaults() {
+fn the_chart_s_defaults_are_the_host_s_and_the_base_s() {
     use clap::CommandFactory;
     prepare_modules();
     let flags = |args: &Value| -> std::collections::BTreeMap<String, String> {
@@ -512,11 +512,11 @@ fn the_chart_s_defaults_are_the_host_s_defaults() {
     let rendered = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
     let chart =
         flags(&one(&rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]);
-    let base: Value = serde_yaml::from_str(
+    let base_deployment: Value = serde_yaml::from_str(
         &std::fs::read_to_string(repo_root().join("deploy/deployment.yaml")).unwrap(),
     )
     .unwrap();
-    let base = flags(&base["spec"]["template"]["spec"]["containers"][0]["args"]);
+    let base = flags(&base_deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
     let cli = wasm_provisioner::cli::Cli::command();
     let run = cli.find_subcommand("run").expect("a run subcommand");
     let mut compared = 0;
@@ -551,6 +551,23 @@ fn the_chart_s_defaults_are_the_host_s_defaults() {
         compared += 1;
     }
     assert!(compared >= 10, "only {compared} flags compared: {chart:?}");
+
+    // And the pod around it is the same: resources, hardening, probes, ports.
+    let chart_pod = &one(&rendered, "Deployment")["spec"]["template"]["spec"];
+    let base_pod = &base_deployment["spec"]["template"]["spec"];
+    assert_eq!(chart_pod["securityContext"], base_pod["securityContext"]);
+    for field in [
+        "resources",
+        "securityContext",
+        "livenessProbe",
+        "readinessProbe",
+        "ports",
+    ] {
+        assert_eq!(
+            chart_pod["containers"][0][field], base_pod["containers"][0][field],
+            "the chart's and the kustomize base's container {field} differ"
+        );
+    }
 }
 
 /// A component with a custom section appended: the same guest, a new version (sha256).
