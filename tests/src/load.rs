@@ -603,7 +603,8 @@ fn register_font() -> bool {
     })
 }
 
-/// Draws bound claims over time, one line per run, into the PNG `path`.
+/// Draws bound claims over time, one line per run (a colour and a legend entry per kind
+/// of run), into the PNG `path`.
 pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let text = register_font();
@@ -640,8 +641,16 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
             .chain(at.iter().enumerate().map(|(i, t)| (*t, (i + 1) as f64)))
             .collect()
     };
+    // One colour per kind of run (its repetitions share it), in order of appearance.
+    let mut kinds: Vec<&str> = Vec::new();
+    for run in runs {
+        if !kinds.contains(&run.run.as_str()) {
+            kinds.push(&run.run);
+        }
+    }
     for (index, run) in runs.iter().enumerate() {
-        let color = colors[index % colors.len()];
+        let kind = kinds.iter().position(|k| *k == run.run).unwrap_or(0);
+        let color = colors[kind % colors.len()];
         let points = cumulative(&run.bound_at);
         // The PVs as they appear, thin, under the run's Bound line.
         chart.draw_series(DashedLineSeries::new(
@@ -651,8 +660,15 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
             color.stroke_width(1),
         ))?;
         let series = chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?;
-        if text {
-            let label = format!("{} ({})", run.run, run.settings);
+        // One legend entry per kind, at its first run.
+        let first = runs[..index].iter().all(|r| r.run != run.run);
+        if text && first {
+            let repeats = runs.iter().filter(|r| r.run == run.run).count();
+            let label = if repeats > 1 {
+                format!("{} ({}), {repeats} runs", run.run, run.settings)
+            } else {
+                format!("{} ({})", run.run, run.settings)
+            };
             series
                 .label(label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
