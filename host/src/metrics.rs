@@ -314,6 +314,18 @@ impl Metrics {
     /// Exports the plugin runtime's module counters (reloads, refusals, removals) and its
     /// compile counters, read at scrape time.
     pub fn register_runtime(&self, runtime: Runtime) {
+        let pool = IntGauge::new(
+            "wasm_provisioner_instance_pool_slots",
+            "Guest instances the pooling allocator reserved at start (--max-guest-instances); 0: the on-demand allocator, asked for with --max-guest-instances 0 or used because the pool's address space could not be reserved (the log says which)",
+        )
+        .expect("valid gauge");
+        pool.set(match runtime.allocator() {
+            crate::plugin::engine::Allocator::Pooling { instances } => i64::from(instances),
+            crate::plugin::engine::Allocator::OnDemand => 0,
+        });
+        self.registry
+            .register(Box::new(pool))
+            .expect("pool metric registered once");
         self.registry
             .register(Box::new(RuntimeCollector::new(runtime)))
             .expect("runtime metrics registered once");
@@ -387,6 +399,7 @@ mod tests {
             "wasm_provisioner_module_compiles_total 0",
             "wasm_provisioner_compile_cache_hits_total 0",
             "wasm_provisioner_compile_cache_misses_total 0",
+            "wasm_provisioner_instance_pool_slots 128",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

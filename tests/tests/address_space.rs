@@ -37,6 +37,16 @@ async fn many_calls_at_once_under_an_address_space_limit() {
     })
     .expect("the host starts under the limit");
     assert_eq!(runtime.allocator(), Allocator::OnDemand);
+    // Operators see it in the metrics, not only in the log.
+    let metrics = wasm_provisioner::metrics::Metrics::new();
+    metrics.register_runtime(runtime.clone());
+    assert!(
+        metrics
+            .render()
+            .contains("wasm_provisioner_instance_pool_slots 0"),
+        "{}",
+        metrics.render()
+    );
     let slow = load(&runtime, "slow", "test-slow").await;
 
     // Each call sleeps a second inside the guest, so all of them hold their instance

@@ -51,8 +51,9 @@ impl Default for InstancePool {
 /// The instance allocator the engine runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allocator {
-    /// Slots reserved once at start and reused ([`pooling`]).
-    Pooling,
+    /// Slots for this many guest instances reserved once at start and reused
+    /// ([`pooling`]).
+    Pooling { instances: u32 },
     /// Each call maps its memories, tables and stack afresh, reserving only what its
     /// grant allows ([`on_demand`]): asked for with `--max-guest-instances 0`, or when
     /// the pool's address space cannot be reserved.
@@ -73,7 +74,12 @@ pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
     let mut config = common()?;
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(pool)));
     match Engine::new(&config) {
-        Ok(engine) => Ok((engine, Allocator::Pooling)),
+        Ok(engine) => Ok((
+            engine,
+            Allocator::Pooling {
+                instances: pool.max_guest_instances,
+            },
+        )),
         Err(error) => {
             let engine = Engine::new(&on_demand(pool)?)?;
             tracing::warn!(
