@@ -69,9 +69,9 @@ pub enum Allocator {
 /// on-demand allocator instead, whose memories reserve only what a grant allows.
 pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
     if pool.max_guest_instances == 0 {
-        return Ok((Engine::new(&on_demand(pool)?)?, Allocator::OnDemand));
+        return Ok((Engine::new(&on_demand(pool))?, Allocator::OnDemand));
     }
-    let mut config = common()?;
+    let mut config = common();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(pool)));
     match Engine::new(&config) {
         Ok(engine) => Ok((
@@ -81,7 +81,7 @@ pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
             },
         )),
         Err(error) => {
-            let engine = Engine::new(&on_demand(pool)?)?;
+            let engine = Engine::new(&on_demand(pool))?;
             tracing::warn!(
                 "cannot reserve the instance pool for {} guest instances ({error:#}); using the on-demand allocator instead: every call maps its memory afresh (about twice the CPU per call) and reserves only what its grant allows. To get the pool back, raise the process's address-space limit (ulimit -v) or lower --max-guest-instances; --max-guest-instances 0 chooses the on-demand allocator without this warning",
                 pool.max_guest_instances
@@ -95,18 +95,18 @@ pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
 /// (and a 64 KiB guard) instead of 4 GiB each: bounds are checked by the compiled code
 /// rather than by guard pages, so a host under an address-space limit can still run as
 /// many calls at once as its workers make.
-fn on_demand(pool: InstancePool) -> wasmtime::Result<Config> {
-    let mut config = common()?;
+fn on_demand(pool: InstancePool) -> Config {
+    let mut config = common();
     config
         .allocation_strategy(InstanceAllocationStrategy::OnDemand)
         .memory_reservation(pool.max_memory_bytes)
         .memory_reservation_for_growth(0)
         .memory_guard_size(64 << 10);
-    Ok(config)
+    config
 }
 
 /// What both allocators share.
-fn common() -> wasmtime::Result<Config> {
+fn common() -> Config {
     let mut config = Config::new();
     config
         .strategy(Strategy::Cranelift)
@@ -135,7 +135,7 @@ fn common() -> wasmtime::Result<Config> {
     ] {
         config.wasm_features(feature, false);
     }
-    Ok(config)
+    config
 }
 
 /// The pooling allocator: every call's instance, memories, tables and async stack come
