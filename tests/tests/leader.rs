@@ -178,11 +178,12 @@ async fn a_partitioned_leader_stops_before_a_standby_leads() -> anyhow::Result<(
         .expect_err("a leader that cannot renew loses")
         .to_string();
     assert!(why.contains("renew deadline"), "{why}");
-    // Its last successful renewal started at most a retry period before the cut, so
-    // its fence closed within the renew deadline of the cut (plus scheduling slack).
+    // Its last successful renewal started before the cut, so its fence closed within
+    // the renew deadline of the cut (plus a second of scheduling slack on a busy CI
+    // machine: still before the Lease duration, when a standby could first lead).
     let since_cut = gave_up - cut_at;
     assert!(
-        since_cut <= RENEW_DEADLINE + Duration::from_millis(500),
+        since_cut <= RENEW_DEADLINE + Duration::from_secs(1),
         "the leader gave up {since_cut:?} after the cut; the renew deadline is {RENEW_DEADLINE:?}"
     );
     let (last_step, fenced) = {
