@@ -533,3 +533,89 @@ async fn a_new_version_is_validated_while_the_module_is_busy() {
         "the call in flight finishes"
     );
 }
+
+/// A hung filesystem never blocks the async workers, and a call hung in it times out:
+/// WASI file operations run on blocking threads. The guest opens a FIFO in its grant
+/// (`outcomeFile`), which blocks in open(2) until a writer comes, as an NFS operation
+/// hangs. On this test's single async thread, the hung calls time out after their 1 s
+/// and another call goes through meanwhile. A watchdog thread lets the stuck openers go
+/// after 15 s, so a regression fails with a message instead of hanging.
+#[tokio::test]
+async fn a_hung_filesystem_does_not_block_the_async_workers() {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let granted = root.path().join("granted");
+    std::fs::create_dir(&granted).unwrap();
+    let fifo = granted.join("hang");
+    let path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0, "mkfifo");
+    let runtime = runtime(&format!(
+        "allow: {{ directories: [{root}] }}\n\
+         modules: {{ echo: {{ directories: [{{ host: {granted}, guest: /hang, mode: read-only }}], limits: {{ timeoutSeconds: 1, maxConcurrentCalls: 16 }} }} }}",
+        root = root.path().display(),
+        granted = granted.display(),
+    ));
+    let echo = load(&runtime, "echo", "test-echo").await;
+    // Opens the FIFO for writing without blocking (ENXIO while no reader waits): each
+    // open releases every reader stuck in open(2), which then reads EOF.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let (fifo, done) = (fifo.clone(), done.clone());
+        std::thread::spawn(move || {
+            let since = Instant::now();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if since.elapsed() > Duration::from_secs(15) {
+                    drop(
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .custom_flags(libc::O_NONBLOCK)
+                            .open(&fifo),
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    let started = Instant::now();
+    let hang = request(&[("outcomeFile", "/hang/hang")]);
+    let hung = (0..4).map(|_| echo.provision(&hang));
+    let other = async {
+        // Let the hung calls reach open(2) first.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let asked = Instant::now();
+        let answer = echo.should_provision(&request(&[])).await;
+        (answer, asked.elapsed(), started.elapsed())
+    };
+    let (hung, (answer, other_took, other_done)) =
+        futures::future::join(futures::future::join_all(hung), other).await;
+    let elapsed = started.elapsed();
+    // The threads still stuck in open(2) are let go, so the test leaves nothing behind.
+    let fifo_writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo);
+    drop(fifo_writer);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    watchdog.join().unwrap();
+
+    assert!(answer.unwrap(), "the other call answered");
+    assert!(
+        other_took < Duration::from_millis(900) && other_done < Duration::from_secs(1),
+        "the other call waited {other_took:?} (done {other_done:?} after the start): the hung calls blocked the async thread"
+    );
+    for (i, call) in hung.into_iter().enumerate() {
+        let error = call.expect_err("a call hung in open(2) cannot answer");
+        assert!(
+            matches!(error, CallError::Timeout { .. }),
+            "call {i}: {error}"
+        );
+    }
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "the hung calls took {elapsed:?} to time out (limit 1 s)"
+    );
+    assert_healthy(&runtime).await;
+}
