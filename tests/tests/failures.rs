@@ -443,7 +443,9 @@ async fn cleanup_failure_keeps_the_claim_protected() {
 }
 
 /// The plugin fails to delete a released volume: a VolumeFailedDelete Event on the PV,
-/// retries, and the PV kept with its finalizer; switching it to Retain releases it.
+/// retries, and the PV kept with its finalizer; past `--failed-delete-threshold` (2
+/// retries: the third failure) one Warning says it was given up (and counted), the
+/// volume still kept; switching it to Retain releases it.
 #[tokio::test]
 async fn failed_delete_is_reported_and_retried() {
     scenario("delete-failed", async |fx| {
@@ -455,7 +457,7 @@ async fn failed_delete_is_reported_and_retried() {
                 json!({ "reclaimPolicy": "Delete" }),
             )
             .await?;
-        let host = fx.host(&[]);
+        let host = fx.host(&["--failed-delete-threshold=2"]);
         fx.claim("data", &class, "1Gi", json!({})).await?;
         let pv_name = fx
             .wait_bound("data")
@@ -482,6 +484,22 @@ async fn failed_delete_is_reported_and_retried() {
         })
         .await
         .with_context(|| log_tail(&host))?;
+        let note = wait_event(fx, "default", &pv_name, "VolumeFailedDelete", |n| {
+            n.contains("gave up")
+        })
+        .await
+        .with_context(|| log_tail(&host))?;
+        ensure!(
+            note.contains("gave up after 3 failed attempts (--failed-delete-threshold)")
+                && note.contains("echo: failed")
+                && note.contains("The volume is kept"),
+            "the give-up note: {note}"
+        );
+        ensure!(
+            host.metric("wasm_provisioner_given_up_total{queue=\"volumes\"}") == Some(1.0),
+            "given up counted once: {:?}",
+            host.metric("wasm_provisioner_given_up_total{queue=\"volumes\"}")
+        );
         let pv = volumes.get(&pv_name).await?;
         let phase = pv.status.as_ref().and_then(|s| s.phase.clone());
         ensure!(

@@ -300,30 +300,12 @@ impl EventSink {
         .await;
     }
 
-    /// A Warning Event on a claim for giving up on it. Its own action keeps it apart from
-    /// the attempts' ProvisioningFailed series (Events aggregate by reason and action,
-    /// and a series keeps its first note).
-    pub async fn claim_gave_up(&self, claim: &PersistentVolumeClaim, reason: &str, note: String) {
-        self.publish(
-            claim.object_ref(&()),
-            EventType::Warning,
-            reason,
-            "GiveUp",
-            note,
-        )
-        .await;
-    }
-
-    /// A Warning Event on a volume for giving up on its deletion.
-    pub async fn volume_gave_up(&self, volume: &PersistentVolume, reason: &str, note: String) {
-        self.publish(
-            volume.object_ref(&()),
-            EventType::Warning,
-            reason,
-            "GiveUp",
-            note,
-        )
-        .await;
+    /// A Warning Event on a claim or volume for giving up on it. Its own action keeps it
+    /// apart from the attempts' series (Events aggregate by reason and action, and a
+    /// series keeps its first note).
+    pub async fn gave_up(&self, object: ObjectReference, reason: &str, note: String) {
+        self.publish(object, EventType::Warning, reason, "GiveUp", note)
+            .await;
     }
 
     /// A Normal Event on a volume (lands in namespace `default`: PVs are cluster-scoped).

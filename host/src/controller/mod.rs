@@ -139,6 +139,25 @@ impl Context {
     }
 }
 
+/// Past its failure threshold a claim (volume) is retried once every resync period; the
+/// first time, it is told: `given_up` counts it for `queue`, and a Warning Event with
+/// `reason` and `note` goes on `object`, off the worker's path.
+fn give_up(
+    ctx: Arc<Context>,
+    queue: &'static str,
+    object: k8s_openapi::api::core::v1::ObjectReference,
+    first: bool,
+    reason: &'static str,
+    note: String,
+) -> kube::runtime::controller::Action {
+    let resync = ctx.settings.resync_period;
+    if first {
+        ctx.metrics.given_up.with_label_values(&[queue]).inc();
+        tokio::spawn(async move { ctx.events.gave_up(object, reason, note).await });
+    }
+    kube::runtime::controller::Action::requeue(resync)
+}
+
 /// How often the journal's intents whose claims are gone are cleaned up
 /// ([`claims::sweep_journal`]).
 const JOURNAL_SWEEP_INTERVAL: Duration = Duration::from_secs(5);

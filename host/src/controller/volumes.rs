@@ -355,21 +355,18 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>)
     match ctx.volume_retries.failed(&key(&pv), 0) {
         Next::RetryAfter(delay) => Action::requeue(delay),
         Next::GiveUp { failures, first } => {
-            let resync = ctx.settings.resync_period;
-            // Told once; later failures (one per resync period) only count.
-            if first {
-                ctx.metrics.given_up.with_label_values(&["volumes"]).inc();
-                let message = format!(
-                    "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept and its deletion retried once every {} (--resync-period); fix the cause, or delete the backend volume manually",
-                    humantime::format_duration(resync)
-                );
-                tokio::spawn(async move {
-                    ctx.events
-                        .volume_gave_up(&pv, names::REASON_VOLUME_FAILED_DELETE, message)
-                        .await;
-                });
-            }
-            Action::requeue(resync)
+            let note = format!(
+                "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept and its deletion retried once every {} (--resync-period); fix the cause, or delete the backend volume manually",
+                humantime::format_duration(ctx.settings.resync_period)
+            );
+            super::give_up(
+                ctx,
+                "volumes",
+                kube::Resource::object_ref(pv.as_ref(), &()),
+                first,
+                names::REASON_VOLUME_FAILED_DELETE,
+                note,
+            )
         }
     }
 }

@@ -310,19 +310,18 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
             Next::GiveUp { failures, first } => {
                 let resync = ctx.settings.resync_period;
                 ctx.claim_retries.hold(&key, print, resync);
-                if first {
-                    ctx.metrics.given_up.with_label_values(&["claims"]).inc();
-                    let message = format!(
-                        "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {} (--resync-period), or at once when the claim is edited",
-                        humantime::format_duration(resync)
-                    );
-                    tokio::spawn(async move {
-                        ctx.events
-                            .claim_gave_up(&claim, names::REASON_PROVISIONING_FAILED, message)
-                            .await;
-                    });
-                }
-                Action::requeue(resync)
+                let note = format!(
+                    "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {} (--resync-period), or at once when the claim is edited",
+                    humantime::format_duration(resync)
+                );
+                super::give_up(
+                    ctx,
+                    "claims",
+                    kube::Resource::object_ref(claim.as_ref(), &()),
+                    first,
+                    names::REASON_PROVISIONING_FAILED,
+                    note,
+                )
             }
         },
     }
