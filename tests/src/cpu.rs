@@ -100,10 +100,14 @@ impl CpuUse {
     /// above a few percent the run's figures were disturbed from outside.
     pub fn outside_share(&self) -> Option<f64> {
         let capacity = self.wall_s * self.cores as f64;
-        let busy = self.machine_busy_s?;
-        let named: f64 = self.processes.values().sum();
-        let outside = (busy - named).max(0.0) + self.stolen_s.unwrap_or(0.0);
+        let outside = self.rest_s()? + self.stolen_s.unwrap_or(0.0);
         (capacity > 0.0).then(|| outside / capacity)
+    }
+
+    /// Busy CPU seconds of the machine that none of the sampled processes account for.
+    fn rest_s(&self) -> Option<f64> {
+        let named: f64 = self.processes.values().sum();
+        self.machine_busy_s.map(|busy| (busy - named).max(0.0))
     }
 
     /// One table row's cells: busy share, then CPU ms per volume of each component,
@@ -116,21 +120,15 @@ impl CpuUse {
                 .map(|share| format!("{:.0}%", share * 100.0))
                 .unwrap_or_else(|| "-".into()),
         ];
-        let mut named = 0.0;
         let processes = COMPONENTS.iter().chain(&PROVISIONERS).copied();
         for name in processes.chain(["benchmark"]) {
-            match self.processes.get(name) {
-                Some(seconds) => {
-                    named += seconds;
-                    cells.push(per_volume(*seconds));
-                }
-                None => cells.push("-".into()),
-            }
+            cells.push(
+                self.processes
+                    .get(name)
+                    .map_or_else(|| "-".into(), |s| per_volume(*s)),
+            );
         }
-        match self.machine_busy_s {
-            Some(busy) => cells.push(per_volume((busy - named).max(0.0))),
-            None => cells.push("-".into()),
-        }
+        cells.push(self.rest_s().map_or_else(|| "-".into(), per_volume));
         cells.push(self.stolen_s.map_or_else(|| "-".into(), per_volume));
         cells.push(self.machine_busy_s.map_or_else(|| "-".into(), per_volume));
         cells

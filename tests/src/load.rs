@@ -372,15 +372,21 @@ fn rate(count: usize, seconds: f64) -> f64 {
     }
 }
 
+/// The kinds of run (`ceiling`, `unthrottled`, ...) in order of first appearance.
+fn kinds(runs: &[RunFigures]) -> Vec<&str> {
+    let mut kinds: Vec<&str> = Vec::new();
+    for run in runs {
+        if !kinds.contains(&run.run.as_str()) {
+            kinds.push(&run.run);
+        }
+    }
+    kinds
+}
+
 /// Repeated runs: each run's claims/s, their median, and its share of the ceiling's
 /// median (the first run named `ceiling`).
 pub fn summary_table(runs: &[RunFigures]) -> String {
-    let mut names: Vec<&str> = Vec::new();
-    for run in runs {
-        if !names.contains(&run.run.as_str()) {
-            names.push(&run.run);
-        }
-    }
+    let names = kinds(runs);
     let ceiling_rates: Vec<f64> = runs
         .iter()
         .filter(|run| run.run == "ceiling")
@@ -642,12 +648,7 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
             .collect()
     };
     // One colour per kind of run (its repetitions share it), in order of appearance.
-    let mut kinds: Vec<&str> = Vec::new();
-    for run in runs {
-        if !kinds.contains(&run.run.as_str()) {
-            kinds.push(&run.run);
-        }
-    }
+    let kinds = kinds(runs);
     for (index, run) in runs.iter().enumerate() {
         let kind = kinds.iter().position(|k| *k == run.run).unwrap_or(0);
         let color = colors[kind % colors.len()];
