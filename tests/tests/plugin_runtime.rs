@@ -592,6 +592,8 @@ async fn a_hung_filesystem_does_not_block_the_async_workers() {
     let (hung, (answer, other_took, other_done)) =
         futures::future::join(futures::future::join_all(hung), other).await;
     let elapsed = started.elapsed();
+    // Each hung call keeps its thread and its permit while it is stuck in open(2).
+    let stuck = echo.calls_in_flight();
     // The threads still stuck in open(2) are let go, so the test leaves nothing behind.
     let fifo_writer = std::fs::OpenOptions::new()
         .write(true)
@@ -609,13 +611,47 @@ async fn a_hung_filesystem_does_not_block_the_async_workers() {
     for (i, call) in hung.into_iter().enumerate() {
         let error = call.expect_err("a call hung in open(2) cannot answer");
         assert!(
-            matches!(error, CallError::Timeout { .. }),
+            matches!(error, CallError::Stuck { .. }) && error.to_string().contains("stuck"),
             "call {i}: {error}"
         );
+        assert_eq!(error.metric_label(), "timeout");
     }
     assert!(
         elapsed < Duration::from_secs(5),
         "the hung calls took {elapsed:?} to time out (limit 1 s)"
     );
+    assert_eq!(stuck, 4, "the calls stuck in open(2) hold their permits");
+    let released = Instant::now();
+    while echo.calls_in_flight() != 0 {
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "{} calls still in flight after the FIFO let them go",
+            echo.calls_in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_healthy(&runtime).await;
+}
+
+/// A call runs on a thread of its own, which dropping its future cannot stop: when its
+/// waiter goes (the controller dropped it when leadership was lost, or the task was
+/// aborted), the guest stops at its next epoch tick, and its permit and instance are
+/// free again long before its own deadline.
+#[tokio::test]
+async fn an_abandoned_call_stops_at_the_next_epoch_tick() {
+    let runtime =
+        runtime("modules: { spin: { limits: { timeoutSeconds: 60, maxConcurrentCalls: 1 } } }");
+    let spin = load(&runtime, "spin", "test-spin").await;
+    let running = start_spinning(&spin).await;
+    running.abort();
+    let abandoned = Instant::now();
+    while spin.calls_in_flight() != 0 {
+        assert!(
+            abandoned.elapsed() < Duration::from_secs(5),
+            "the abandoned call still runs {:?} after its waiter went (its deadline is 60 s)",
+            abandoned.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(spin.should_provision(&request(&[])).await.unwrap());
 }

@@ -70,6 +70,16 @@ pub enum CallError {
         target: CallTarget,
         timeout: Duration,
     },
+    /// The call passed its timeout inside a system call of the host (a filesystem
+    /// operation on a hung mount), which nothing can interrupt.
+    #[error(
+        "{target} timed out after {}s stuck in a filesystem operation of the host that has          not returned (a hung mount of one of modules.{}.directories?); the call keeps its          thread, its instance and one of the module's maxConcurrentCalls until the operation          returns: check that backend",
+        timeout.as_secs_f64(), target.module
+    )]
+    Stuck {
+        target: CallTarget,
+        timeout: Duration,
+    },
     #[error(
         "{target} ran out of memory: it asked for more than its {limit_bytes} bytes of memory \
          (all linear memories and tables together); raise modules.{}.limits.memoryBytes in the grants \
@@ -107,7 +117,7 @@ impl CallError {
     pub fn metric_label(&self) -> &'static str {
         match self {
             CallError::Trap { .. } => "trap",
-            CallError::Timeout { .. } => "timeout",
+            CallError::Timeout { .. } | CallError::Stuck { .. } => "timeout",
             CallError::MemoryExhausted { .. } => "memory_exhausted",
             CallError::Busy { .. } | CallError::InstancesFull { .. } => "busy",
             CallError::MalformedAnswer { .. } => "malformed_answer",
@@ -120,6 +130,7 @@ impl CallError {
         match self {
             CallError::Trap { target, .. }
             | CallError::Timeout { target, .. }
+            | CallError::Stuck { target, .. }
             | CallError::MemoryExhausted { target, .. }
             | CallError::Busy { target, .. }
             | CallError::InstancesFull { target, .. }
@@ -131,7 +142,7 @@ impl CallError {
     /// Whether retrying soon may succeed (a busy module, a timeout) rather than fail
     /// the same way again.
     pub fn is_transient(&self) -> bool {
-        self.is_busy() || matches!(self, CallError::Timeout { .. })
+        self.is_busy() || matches!(self, CallError::Timeout { .. } | CallError::Stuck { .. })
     }
 
     /// Whether the call did not start for want of room (the module's

@@ -6,7 +6,8 @@
 //! hold an `Arc` of the old one finish on it.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::Semaphore;
 use wasmtime::component::ResourceTableError;
@@ -31,6 +32,21 @@ pub const VERSION_DIGITS: usize = 12;
 /// Longest trap message kept in an error (backtraces of big guests are long).
 const MAX_CAUSE_BYTES: usize = 2048;
 
+/// How long past its timeout the async side waits for a call's thread: the call's own
+/// timeout ends it on time unless its thread is stuck in a system call (a hung
+/// filesystem), which nothing can interrupt.
+const STUCK_CALL_GRACE: Duration = Duration::from_millis(250);
+
+/// Marks a call abandoned when its waiter goes, finished or not (see
+/// `GuestState::abandoned`).
+struct AbandonOnDrop(Arc<AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// One version of one module, ready to call.
 pub struct LoadedModule {
     name: Arc<str>,
@@ -47,7 +63,7 @@ pub struct LoadedModule {
     log_bytes_per_call: usize,
     loaded_at: SystemTime,
     // Deadlines need the ticker running as long as any version can be called.
-    _ticker: Arc<EpochTicker>,
+    ticker: Arc<EpochTicker>,
 }
 
 impl std::fmt::Debug for LoadedModule {
@@ -104,7 +120,7 @@ impl LoadedModule {
             metrics: parts.metrics,
             log_bytes_per_call: parts.log_bytes_per_call,
             loaded_at: SystemTime::now(),
-            _ticker: parts.ticker,
+            ticker: parts.ticker,
         };
         let info = module
             .invoke(Call::Describe, async |p, s| p.call_describe(s).await)
@@ -155,8 +171,9 @@ impl LoadedModule {
 
     /// The plugin's veto before `provision`.
     pub async fn should_provision(&self, request: &ProvisionRequest) -> Result<bool, CallError> {
-        self.invoke(Call::ShouldProvision, async |p, s| {
-            p.call_should_provision(s, request).await
+        let request = request.clone();
+        self.invoke(Call::ShouldProvision, async move |p, s| {
+            p.call_should_provision(s, &request).await
         })
         .await
     }
@@ -167,9 +184,10 @@ impl LoadedModule {
         &self,
         request: &ProvisionRequest,
     ) -> Result<Result<Volume, ProvisionError>, CallError> {
+        let request = request.clone();
         let answer = self
-            .invoke(Call::Provision, async |p, s| {
-                p.call_provision(s, request).await
+            .invoke(Call::Provision, async move |p, s| {
+                p.call_provision(s, &request).await
             })
             .await?;
         let checked = match &answer {
@@ -182,8 +200,9 @@ impl LoadedModule {
 
     /// The plugin's veto before `delete`.
     pub async fn should_delete(&self, request: &DeleteRequest) -> Result<bool, CallError> {
-        self.invoke(Call::ShouldDelete, async |p, s| {
-            p.call_should_delete(s, request).await
+        let request = request.clone();
+        self.invoke(Call::ShouldDelete, async move |p, s| {
+            p.call_should_delete(s, &request).await
         })
         .await
     }
@@ -193,8 +212,11 @@ impl LoadedModule {
         &self,
         request: &DeleteRequest,
     ) -> Result<Result<(), DeleteError>, CallError> {
+        let request = request.clone();
         let answer = self
-            .invoke(Call::Delete, async |p, s| p.call_delete(s, request).await)
+            .invoke(Call::Delete, async move |p, s| {
+                p.call_delete(s, &request).await
+            })
             .await?;
         answer::check_size(&answer).map_err(|reason| self.malformed(Call::Delete, reason))?;
         Ok(answer)
@@ -220,10 +242,12 @@ impl LoadedModule {
     }
 
     /// One call: a permit, a fresh store and instance, the export, the verdict.
-    async fn invoke<R>(
+    async fn invoke<R: Send + 'static>(
         &self,
         call: Call,
-        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>,
+        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>
+        + Send
+        + 'static,
     ) -> Result<R, CallError> {
         let result = self.invoke_inner(call, run).await;
         self.metrics.record_call(
@@ -236,13 +260,25 @@ impl LoadedModule {
         result
     }
 
-    async fn invoke_inner<R>(
+    /// The call runs on a blocking thread of its own, from instantiation to the drop of
+    /// its store, with its filesystem operations inline on that thread (the sandbox
+    /// allows it): a guest's `stat`, `rename` or `readdir` on a hung network filesystem
+    /// blocks that thread, never an async worker, and costs no hand-off to yet another
+    /// thread per operation. The async side waits at most the call's timeout (plus
+    /// [`STUCK_CALL_GRACE`]); a call stuck in a system call keeps its thread, its
+    /// instance and its permit until the system call returns ([`CallError::Stuck`]), so a
+    /// hung backend holds at most its own module's `maxConcurrentCalls` threads. When the waiter goes (it
+    /// timed out, or the controller dropped the call), the guest stops at its next epoch
+    /// tick.
+    async fn invoke_inner<R: Send + 'static>(
         &self,
         call: Call,
-        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>,
+        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>
+        + Send
+        + 'static,
     ) -> Result<R, CallError> {
         let limits = self.limits();
-        let _permit = self
+        let permit = self
             .permits
             .clone()
             .try_acquire_owned()
@@ -251,21 +287,43 @@ impl LoadedModule {
                 max_concurrent_calls: limits.max_concurrent_calls,
             })?;
         let mut store = self.new_store(call).await?;
-        // The epoch deadline stops guest code; this timeout also bounds host I/O the
-        // guest waits on (an HTTP request), which epochs cannot interrupt.
-        let outcome = tokio::time::timeout(limits.timeout, async {
-            let instance = self.pre.instantiate_async(&mut store).await?;
-            run(&instance, &mut store).await
-        })
-        .await;
-        store.data().log.finish();
-        match outcome {
-            Ok(Ok(answer)) => Ok(answer),
-            Err(_elapsed) => Err(CallError::Timeout {
+        let _abandon_on_drop = AbandonOnDrop(store.data().abandoned.clone());
+        let pre = self.pre.clone();
+        let runtime = tokio::runtime::Handle::current();
+        // The epochs must go on while the call runs, or an abandoned guest would never
+        // see its flag: even when every `LoadedModule` and the `Runtime` are gone (the
+        // process is shutting down, and waits for this thread).
+        let ticker = self.ticker.clone();
+        let thread = tokio::task::spawn_blocking(move || {
+            let (_permit, _ticker) = (permit, ticker);
+            // The epoch deadline stops guest code; this timeout also bounds host I/O
+            // the guest waits on (an HTTP request), which epochs cannot interrupt.
+            let outcome = runtime.block_on(tokio::time::timeout(limits.timeout, async {
+                let instance = pre.instantiate_async(&mut store).await?;
+                run(&instance, &mut store).await
+            }));
+            store.data().log.finish();
+            let memory_exhausted = store.data().limiter.exhausted();
+            (outcome, memory_exhausted)
+        });
+        let timeout = || CallError::Timeout {
+            target: self.target(call),
+            timeout: limits.timeout,
+        };
+        match tokio::time::timeout(limits.timeout + STUCK_CALL_GRACE, thread).await {
+            Err(_stuck) => Err(CallError::Stuck {
                 target: self.target(call),
                 timeout: limits.timeout,
             }),
-            Ok(Err(error)) => Err(self.classify(call, error, &store)),
+            Ok(Err(failed)) => Err(CallError::Trap {
+                target: self.target(call),
+                cause: truncate(format!("the call's thread failed: {failed}")),
+            }),
+            Ok(Ok((Err(_elapsed), _))) => Err(timeout()),
+            Ok(Ok((Ok(Ok(answer)), _))) => Ok(answer),
+            Ok(Ok((Ok(Err(error)), memory_exhausted))) => {
+                Err(self.classify(call, error, memory_exhausted))
+            }
         }
     }
 
@@ -299,7 +357,7 @@ impl LoadedModule {
         Ok(store)
     }
 
-    fn classify(&self, call: Call, error: wasmtime::Error, store: &Store<GuestState>) -> CallError {
+    fn classify(&self, call: Call, error: wasmtime::Error, memory_exhausted: bool) -> CallError {
         let target = self.target(call);
         let limits = self.limits();
         if let Some(full) = error.downcast_ref::<PoolConcurrencyLimitError>() {
@@ -324,7 +382,7 @@ impl LoadedModule {
                 ),
             };
         }
-        if store.data().limiter.exhausted()
+        if memory_exhausted
             || error
                 .downcast_ref::<ResourceTableError>()
                 .is_some_and(|e| matches!(e, ResourceTableError::Full))

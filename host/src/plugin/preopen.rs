@@ -174,6 +174,10 @@ impl ModuleDirectories {
 
     fn open_all(&self) -> Result<WasiFilesystemCtx, GrantDirectoryError> {
         let mut builder = WasiCtxBuilder::new();
+        // A call runs on a blocking thread of its own (`LoadedModule::invoke`), so its
+        // filesystem operations run inline there instead of each handing off to
+        // another blocking thread (the flag is kept by each preopened directory).
+        builder.allow_blocking_current_thread(true);
         for grant in &self.grants {
             let error = |reason| GrantDirectoryError {
                 module: self.module.clone(),
