@@ -8,7 +8,8 @@
 #                      [--threads T] [--concurrency C] [--out DIR]
 #   bash tests/load.sh --release --runs ceiling,go-library,unthrottled
 #
-# `--release` builds optimised (a second full build of the dependencies the first time);
+# `--release` builds optimised, with the release profile's LTO (a second full build of
+# the dependencies the first time, about 12 minutes on two cores);
 # without it the host is the test build (dependencies at opt-level 1, our crates at 0).
 # Exits non-zero when a run did not bind or delete every claim.
 set -euo pipefail
@@ -16,17 +17,23 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasm-provisioner/target}"
 profile=debug
-build=()
 if [ "${1:-}" = "--release" ]; then
   shift
   profile=release
-  build=(--release)
 fi
 bash guests/build.sh >/dev/null
 bash tests/controlplane/build.sh >/dev/null
 # The go-library runs' binary (cached; after the launcher's build, mostly a link).
 WASM_PROVISIONER_GO_LIBRARY=$(bash tests/golib/build.sh)
 export WASM_PROVISIONER_GO_LIBRARY
-# The test command's build (same feature set, so it shares every artifact with the tests).
-cargo test -q --workspace --no-run "${build[@]}"
+if [ "$profile" = release ]; then
+  # Only the two binaries: the release profile links with whole-program LTO, which
+  # every test binary would pay too.
+  cargo build -q --locked --release -p wasm-provisioner --bin wasm-provisioner \
+    -p wasm-provisioner-tests --bin load
+else
+  # The test command's build (same feature set, so it shares every artifact with the
+  # tests).
+  cargo test -q --workspace --no-run
+fi
 exec "$CARGO_TARGET_DIR/$profile/load" "$@"
