@@ -655,3 +655,36 @@ async fn an_abandoned_call_stops_at_the_next_epoch_tick() {
     }
     assert!(spin.should_provision(&request(&[])).await.unwrap());
 }
+
+/// The same when the guest waits in a host call (a WASI sleep, as it would wait for an
+/// HTTP answer), where no epoch tick reaches it: the call is dropped at once, not when
+/// the sleep ends. Leadership fencing depends on it: a leader that lost its Lease must
+/// not go on with backend work.
+#[tokio::test]
+async fn an_abandoned_call_waiting_in_the_host_stops_at_once() {
+    let runtime =
+        runtime("modules: { slow: { limits: { timeoutSeconds: 60, maxConcurrentCalls: 1 } } }");
+    let slow = load(&runtime, "slow", "test-slow").await;
+    let sleeping = request(&[("sleepMillis", "50000")]);
+    let running = tokio::spawn({
+        let slow = slow.clone();
+        async move { slow.provision(&sleeping).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while slow.calls_in_flight() == 0 {
+        assert!(Instant::now() < deadline, "the call never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Let it reach its sleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.abort();
+    let abandoned = Instant::now();
+    while slow.calls_in_flight() != 0 {
+        assert!(
+            abandoned.elapsed() < Duration::from_secs(5),
+            "the abandoned call still waits {:?} after its waiter went (its sleep is 50 s)",
+            abandoned.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -6,7 +6,6 @@
 //! hold an `Arc` of the old one finish on it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::Semaphore;
@@ -36,16 +35,6 @@ const MAX_CAUSE_BYTES: usize = 2048;
 /// timeout ends it on time unless its thread is stuck in a system call (a hung
 /// filesystem), which nothing can interrupt.
 const STUCK_CALL_GRACE: Duration = Duration::from_millis(250);
-
-/// Marks a call abandoned when its waiter goes, finished or not (see
-/// `GuestState::abandoned`).
-struct AbandonOnDrop(Arc<AtomicBool>);
-
-impl Drop for AbandonOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
 
 /// One version of one module, ready to call.
 pub struct LoadedModule {
@@ -268,8 +257,8 @@ impl LoadedModule {
     /// [`STUCK_CALL_GRACE`]); a call stuck in a system call keeps its thread, its
     /// instance and its permit until the system call returns ([`CallError::Stuck`]), so a
     /// hung backend holds at most its own module's `maxConcurrentCalls` threads. When the waiter goes (it
-    /// timed out, or the controller dropped the call), the guest stops at its next epoch
-    /// tick.
+    /// timed out, or the controller dropped the call), the call is dropped on its thread
+    /// at once if it waits in a host call, else at the guest's next epoch tick.
     async fn invoke_inner<R: Send + 'static>(
         &self,
         call: Call,
@@ -287,24 +276,34 @@ impl LoadedModule {
                 max_concurrent_calls: limits.max_concurrent_calls,
             })?;
         let mut store = self.new_store(call).await?;
-        let _abandon_on_drop = AbandonOnDrop(store.data().abandoned.clone());
+        // Dropped when this future ends or is dropped: then the thread drops the call.
+        let (_waiting, abandoned) = tokio::sync::oneshot::channel::<()>();
         let pre = self.pre.clone();
         let runtime = tokio::runtime::Handle::current();
-        // The epochs must go on while the call runs, or an abandoned guest would never
-        // see its flag: even when every `LoadedModule` and the `Runtime` are gone (the
-        // process is shutting down, and waits for this thread).
+        // The epochs must go on while the call runs, or a spinning guest would never
+        // yield (nor meet its deadline): even when every `LoadedModule` and the
+        // `Runtime` are gone (the process is shutting down, and waits for this thread).
         let ticker = self.ticker.clone();
         let thread = tokio::task::spawn_blocking(move || {
             let (_permit, _ticker) = (permit, ticker);
             // The epoch deadline stops guest code; this timeout also bounds host I/O
             // the guest waits on (an HTTP request), which epochs cannot interrupt.
-            let outcome = runtime.block_on(tokio::time::timeout(limits.timeout, async {
+            let call = tokio::time::timeout(limits.timeout, async {
                 let instance = pre.instantiate_async(&mut store).await?;
                 run(&instance, &mut store).await
-            }));
+            });
+            // Nobody waits any more: the call is dropped where it stands, in a host
+            // call or, since the guest yields at every epoch tick, at its next tick.
+            let outcome = runtime.block_on(async {
+                tokio::select! {
+                    biased;
+                    _ = abandoned => None,
+                    outcome = call => Some(outcome),
+                }
+            });
             store.data().log.finish();
             let memory_exhausted = store.data().limiter.exhausted();
-            (outcome, memory_exhausted)
+            outcome.map(|outcome| (outcome, memory_exhausted))
         });
         let timeout = || CallError::Timeout {
             target: self.target(call),
@@ -319,9 +318,10 @@ impl LoadedModule {
                 target: self.target(call),
                 cause: truncate(format!("the call's thread failed: {failed}")),
             }),
-            Ok(Ok((Err(_elapsed), _))) => Err(timeout()),
-            Ok(Ok((Ok(Ok(answer)), _))) => Ok(answer),
-            Ok(Ok((Ok(Err(error)), memory_exhausted))) => {
+            // Abandoned: cannot be seen while this future still waits.
+            Ok(Ok(None)) | Ok(Ok(Some((Err(_), _)))) => Err(timeout()),
+            Ok(Ok(Some((Ok(Ok(answer)), _)))) => Ok(answer),
+            Ok(Ok(Some((Ok(Err(error)), memory_exhausted)))) => {
                 Err(self.classify(call, error, memory_exhausted))
             }
         }

@@ -7,7 +7,6 @@
 //! are the handles opened once at start (`preopen`), never paths looked up per call.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
@@ -30,11 +29,6 @@ pub(crate) struct GuestState {
     http_hooks: OutboundHttp,
     pub(crate) limiter: MemoryLimiter,
     pub(crate) log: GuestLog,
-    /// Set when whoever waits for the call is gone (it timed out, or the controller
-    /// dropped the call when leadership was lost): the guest stops at the next epoch
-    /// tick. A call runs on a thread of its own (see `LoadedModule::invoke`), which
-    /// dropping its future cannot stop.
-    pub(crate) abandoned: Arc<AtomicBool>,
 }
 
 impl WasiView for GuestState {
@@ -76,19 +70,6 @@ impl std::fmt::Display for DeadlineExceeded {
 }
 
 impl std::error::Error for DeadlineExceeded {}
-
-/// The error the epoch callback raises when the call was abandoned (nobody waits for
-/// its answer any more).
-#[derive(Debug)]
-pub(crate) struct Abandoned;
-
-impl std::fmt::Display for Abandoned {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the call was abandoned: nobody waits for its answer any more")
-    }
-}
-
-impl std::error::Error for Abandoned {}
 
 /// The linker every module is instantiated with: WASI p2 (empty unless granted),
 /// `wasi:http` (refused unless granted) and the world's `log` import.
@@ -197,7 +178,6 @@ impl Sandbox {
             },
             limiter: MemoryLimiter::new(limits.memory_bytes),
             log,
-            abandoned: Arc::default(),
         };
         let mut store = Store::new(engine, state);
         store.limiter(|state| &mut state.limiter);
@@ -206,16 +186,15 @@ impl Sandbox {
     }
 }
 
-/// Every tick the guest yields to the executor until the deadline, when the call traps
-/// with [`DeadlineExceeded`], or until the call is abandoned ([`Abandoned`]).
+/// Every tick the guest yields to the executor (so an abandoned call is dropped at the
+/// next tick, see `LoadedModule::invoke`) until the deadline, when the call traps with
+/// [`DeadlineExceeded`].
 fn set_deadline(store: &mut Store<GuestState>, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(move |store| {
+    store.epoch_deadline_callback(move |_| {
         if Instant::now() >= deadline {
             Err(wasmtime::Error::new(DeadlineExceeded))
-        } else if store.data().abandoned.load(Ordering::Relaxed) {
-            Err(wasmtime::Error::new(Abandoned))
         } else {
             Ok(UpdateDeadline::Yield(1))
         }
