@@ -169,16 +169,39 @@ async fn oversized_answer_is_refused() {
 async fn start_spinning(
     spin: &std::sync::Arc<LoadedModule>,
 ) -> tokio::task::JoinHandle<Result<Result<Volume, ProvisionError>, CallError>> {
+    start_provision(spin, request(&[])).await
+}
+
+/// Starts a `provision` call of `module` and returns once it is running.
+async fn start_provision(
+    module: &std::sync::Arc<LoadedModule>,
+    request: ProvisionRequest,
+) -> tokio::task::JoinHandle<Result<Result<Volume, ProvisionError>, CallError>> {
     let running = tokio::spawn({
-        let spin = spin.clone();
-        async move { spin.provision(&request(&[])).await }
+        let module = module.clone();
+        async move { module.provision(&request).await }
     });
     let deadline = Instant::now() + Duration::from_secs(5);
-    while spin.calls_in_flight() == 0 {
+    while module.calls_in_flight() == 0 {
         assert!(Instant::now() < deadline, "the first call never started");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     running
+}
+
+/// Waits, at most 5 s, until no call of `module` is in flight; `expected` says why
+/// they should all have ended.
+async fn wait_idle(module: &LoadedModule, expected: &str) {
+    let since = Instant::now();
+    while module.calls_in_flight() != 0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "{} calls still in flight {:?} after {expected}",
+            module.calls_in_flight(),
+            since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test]
@@ -621,15 +644,7 @@ async fn a_hung_filesystem_does_not_block_the_async_workers() {
         "the hung calls took {elapsed:?} to time out (limit 1 s)"
     );
     assert_eq!(stuck, 4, "the calls stuck in open(2) hold their permits");
-    let released = Instant::now();
-    while echo.calls_in_flight() != 0 {
-        assert!(
-            released.elapsed() < Duration::from_secs(5),
-            "{} calls still in flight after the FIFO let them go",
-            echo.calls_in_flight()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_idle(&echo, "the FIFO let them go").await;
     assert_healthy(&runtime).await;
 }
 
@@ -644,15 +659,7 @@ async fn an_abandoned_call_stops_at_the_next_epoch_tick() {
     let spin = load(&runtime, "spin", "test-spin").await;
     let running = start_spinning(&spin).await;
     running.abort();
-    let abandoned = Instant::now();
-    while spin.calls_in_flight() != 0 {
-        assert!(
-            abandoned.elapsed() < Duration::from_secs(5),
-            "the abandoned call still runs {:?} after its waiter went (its deadline is 60 s)",
-            abandoned.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_idle(&spin, "its waiter went (its deadline is 60 s)").await;
     assert!(spin.should_provision(&request(&[])).await.unwrap());
 }
 
@@ -665,26 +672,9 @@ async fn an_abandoned_call_waiting_in_the_host_stops_at_once() {
     let runtime =
         runtime("modules: { slow: { limits: { timeoutSeconds: 60, maxConcurrentCalls: 1 } } }");
     let slow = load(&runtime, "slow", "test-slow").await;
-    let sleeping = request(&[("sleepMillis", "50000")]);
-    let running = tokio::spawn({
-        let slow = slow.clone();
-        async move { slow.provision(&sleeping).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while slow.calls_in_flight() == 0 {
-        assert!(Instant::now() < deadline, "the call never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let running = start_provision(&slow, request(&[("sleepMillis", "50000")])).await;
     // Let it reach its sleep.
     tokio::time::sleep(Duration::from_millis(300)).await;
     running.abort();
-    let abandoned = Instant::now();
-    while slow.calls_in_flight() != 0 {
-        assert!(
-            abandoned.elapsed() < Duration::from_secs(5),
-            "the abandoned call still waits {:?} after its waiter went (its sleep is 50 s)",
-            abandoned.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_idle(&slow, "its waiter went (its sleep is 50 s)").await;
 }
