@@ -255,10 +255,11 @@ impl LoadedModule {
     /// blocks that thread, never an async worker, and costs no hand-off to yet another
     /// thread per operation. The async side waits at most the call's timeout (plus
     /// [`STUCK_CALL_GRACE`]); a call stuck in a system call keeps its thread, its
-    /// instance and its permit until the system call returns ([`CallError::Stuck`]), so a
-    /// hung backend holds at most its own module's `maxConcurrentCalls` threads. When the waiter goes (it
-    /// timed out, or the controller dropped the call), the call is dropped on its thread
-    /// at once if it waits in a host call, else at the guest's next epoch tick.
+    /// instance and its permit until the system call returns ([`CallError::Stuck`]), so
+    /// a hung backend holds at most its own module's `maxConcurrentCalls` threads. When
+    /// the waiter goes (it timed out, or the controller dropped the call), the call is
+    /// dropped on its thread at once if it waits in a host call, else at the guest's
+    /// next epoch tick.
     async fn invoke_inner<R: Send + 'static>(
         &self,
         call: Call,
