@@ -558,7 +558,7 @@ async fn a_new_version_is_validated_while_the_module_is_busy() {
 }
 
 /// A hung filesystem never blocks the async workers, and a call hung in it times out:
-/// WASI file operations run on blocking threads. The guest opens a FIFO in its grant
+/// each call runs on a blocking thread of its own, its WASI file operations inline. The guest opens a FIFO in its grant
 /// (`outcomeFile`), which blocks in open(2) until a writer comes, as an NFS operation
 /// hangs. On this test's single async thread, the hung calls time out after their 1 s
 /// and another call goes through meanwhile. A watchdog thread lets the stuck openers go
@@ -634,7 +634,11 @@ async fn a_hung_filesystem_does_not_block_the_async_workers() {
     for (i, call) in hung.into_iter().enumerate() {
         let error = call.expect_err("a call hung in open(2) cannot answer");
         assert!(
-            matches!(error, CallError::Stuck { .. }) && error.to_string().contains("stuck"),
+            matches!(error, CallError::Stuck { .. })
+                && error.to_string().contains(
+                    "timed out after 1s stuck in a filesystem operation of the host that has not \
+                     returned"
+                ),
             "call {i}: {error}"
         );
         assert_eq!(error.metric_label(), "timeout");

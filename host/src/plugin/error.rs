@@ -73,7 +73,10 @@ pub enum CallError {
     /// The call passed its timeout inside a system call of the host (a filesystem
     /// operation on a hung mount), which nothing can interrupt.
     #[error(
-        "{target} timed out after {}s stuck in a filesystem operation of the host that has          not returned (a hung mount of one of modules.{}.directories?); the call keeps its          thread, its instance and one of the module's maxConcurrentCalls until the operation          returns: check that backend",
+        "{target} timed out after {}s stuck in a filesystem operation of the host that has \
+         not returned (a hung mount of one of modules.{}.directories?); the call keeps its \
+         thread, its instance and one of the module's maxConcurrentCalls until the operation \
+         returns: check that backend",
         timeout.as_secs_f64(), target.module
     )]
     Stuck {
