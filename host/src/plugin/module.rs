@@ -36,6 +36,37 @@ const MAX_CAUSE_BYTES: usize = 2048;
 /// filesystem), which nothing can interrupt.
 const STUCK_CALL_GRACE: Duration = Duration::from_millis(250);
 
+/// How a call's thread ended.
+enum CallEnd<R> {
+    /// The sandbox could not be made (a granted directory missing since start).
+    NoSandbox(String),
+    /// Nobody waited for the call any more.
+    Abandoned,
+    /// The call's timeout passed while it waited on the host.
+    TimedOut,
+    /// The guest answered, or stopped with this error; and whether it was at its
+    /// memory limit.
+    Finished(wasmtime::Result<R>, bool),
+}
+
+/// A fresh store for one call, made on the call's thread: once every granted directory
+/// is open (normally from start) that only clones their handles; until then it opens
+/// them, blocking filesystem work (an NFS export can hang) that this thread may do.
+/// Then the bounds on what the guest hands the host: hostcall fuel for lifting (answers
+/// and import arguments), and the log budget.
+fn call_store(
+    sandbox: &Sandbox,
+    engine: &Engine,
+    call: Call,
+    log_bytes_per_call: usize,
+    metrics: Arc<Metrics>,
+) -> Result<Store<GuestState>, String> {
+    let mut store = sandbox.store(engine, call.as_str())?;
+    store.set_hostcall_fuel(MAX_LIFT_BYTES);
+    store.data().log.configure(log_bytes_per_call, metrics);
+    Ok(store)
+}
+
 /// One version of one module, ready to call.
 pub struct LoadedModule {
     name: Arc<str>,
@@ -249,8 +280,8 @@ impl LoadedModule {
         result
     }
 
-    /// The call runs on a blocking thread of its own, from instantiation to the drop of
-    /// its store, with its filesystem operations inline on that thread (the sandbox
+    /// The call runs on a blocking thread of its own, from the making of its store to
+    /// its drop, with its filesystem operations inline on that thread (the sandbox
     /// allows it): a guest's `stat`, `rename` or `readdir` on a hung network filesystem
     /// blocks that thread, never an async worker, and costs no hand-off to yet another
     /// thread per operation. The async side waits at most the call's timeout (plus
@@ -276,10 +307,10 @@ impl LoadedModule {
                 target: self.target(call),
                 max_concurrent_calls: limits.max_concurrent_calls,
             })?;
-        let mut store = self.new_store(call).await?;
         // Dropped when this future ends or is dropped: then the thread drops the call.
         let (_waiting, abandoned) = tokio::sync::oneshot::channel::<()>();
-        let pre = self.pre.clone();
+        let (sandbox, engine, pre) = (self.sandbox.clone(), self.engine.clone(), self.pre.clone());
+        let (log_bytes_per_call, metrics) = (self.log_bytes_per_call, self.metrics.clone());
         let runtime = tokio::runtime::Handle::current();
         // The epochs must go on while the call runs, or a spinning guest would never
         // yield (nor meet its deadline): even when every `LoadedModule` and the
@@ -287,75 +318,60 @@ impl LoadedModule {
         let ticker = self.ticker.clone();
         let thread = tokio::task::spawn_blocking(move || {
             let (_permit, _ticker) = (permit, ticker);
+            let mut store = match call_store(&sandbox, &engine, call, log_bytes_per_call, metrics) {
+                Ok(store) => store,
+                Err(cause) => return CallEnd::NoSandbox(cause),
+            };
             // The epoch deadline stops guest code; this timeout also bounds host I/O
             // the guest waits on (an HTTP request), which epochs cannot interrupt.
-            let call = tokio::time::timeout(limits.timeout, async {
+            let run = tokio::time::timeout(limits.timeout, async {
                 let instance = pre.instantiate_async(&mut store).await?;
                 run(&instance, &mut store).await
             });
             // Nobody waits any more: the call is dropped where it stands, in a host
             // call or, since the guest yields at every epoch tick, at its next tick.
-            let outcome = runtime.block_on(async {
+            let end = runtime.block_on(async {
                 tokio::select! {
                     biased;
-                    _ = abandoned => None,
-                    outcome = call => Some(outcome),
+                    _ = abandoned => CallEnd::Abandoned,
+                    outcome = run => match outcome {
+                        Err(_elapsed) => CallEnd::TimedOut,
+                        Ok(answer) => CallEnd::Finished(answer, false),
+                    },
                 }
             });
             store.data().log.finish();
-            let memory_exhausted = store.data().limiter.exhausted();
-            outcome.map(|outcome| (outcome, memory_exhausted))
+            match end {
+                CallEnd::Finished(answer, _) => {
+                    CallEnd::Finished(answer, store.data().limiter.exhausted())
+                }
+                other => other,
+            }
         });
-        let timeout = || CallError::Timeout {
-            target: self.target(call),
-            timeout: limits.timeout,
-        };
+        let target = || self.target(call);
         match tokio::time::timeout(limits.timeout + STUCK_CALL_GRACE, thread).await {
             Err(_stuck) => Err(CallError::Stuck {
-                target: self.target(call),
+                target: target(),
                 timeout: limits.timeout,
             }),
             Ok(Err(failed)) => Err(CallError::Trap {
-                target: self.target(call),
+                target: target(),
                 cause: truncate(format!("the call's thread failed: {failed}")),
             }),
-            // Abandoned: cannot be seen while this future still waits.
-            Ok(Ok(None)) | Ok(Ok(Some((Err(_), _)))) => Err(timeout()),
-            Ok(Ok(Some((Ok(Ok(answer)), _)))) => Ok(answer),
-            Ok(Ok(Some((Ok(Err(error)), memory_exhausted)))) => {
+            Ok(Ok(CallEnd::NoSandbox(cause))) => Err(CallError::Sandbox {
+                target: target(),
+                cause,
+            }),
+            // Abandoned cannot be seen while this future still waits.
+            Ok(Ok(CallEnd::TimedOut | CallEnd::Abandoned)) => Err(CallError::Timeout {
+                target: target(),
+                timeout: limits.timeout,
+            }),
+            Ok(Ok(CallEnd::Finished(Ok(answer), _))) => Ok(answer),
+            Ok(Ok(CallEnd::Finished(Err(error), memory_exhausted))) => {
                 Err(self.classify(call, error, memory_exhausted))
             }
         }
-    }
-
-    /// A fresh store for one call. Once every granted directory is open (normally from
-    /// start) making it only clones their handles, on this thread. Until then making it
-    /// opens them: blocking filesystem work (an NFS export can hang), so it runs on a
-    /// blocking thread, never on an async worker. Then the bounds on what the guest
-    /// hands the host: hostcall fuel for lifting (answers and import arguments), and the
-    /// log budget.
-    async fn new_store(&self, call: Call) -> Result<Store<GuestState>, CallError> {
-        let made = if self.sandbox.is_ready() {
-            self.sandbox.store(&self.engine, call.as_str())
-        } else {
-            let sandbox = self.sandbox.clone();
-            let engine = self.engine.clone();
-            tokio::task::spawn_blocking(move || sandbox.store(&engine, call.as_str()))
-                .await
-                .unwrap_or_else(|error| {
-                    Err(format!("the thread making the sandbox failed: {error}"))
-                })
-        };
-        let mut store = made.map_err(|cause| CallError::Sandbox {
-            target: self.target(call),
-            cause,
-        })?;
-        store.set_hostcall_fuel(MAX_LIFT_BYTES);
-        store
-            .data()
-            .log
-            .configure(self.log_bytes_per_call, self.metrics.clone());
-        Ok(store)
     }
 
     fn classify(&self, call: Call, error: wasmtime::Error, memory_exhausted: bool) -> CallError {

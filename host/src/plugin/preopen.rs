@@ -162,12 +162,6 @@ impl ModuleDirectories {
         Ok(filesystem)
     }
 
-    /// Whether every granted directory is open: then [`Self::filesystem`] only clones
-    /// handles and never blocks.
-    pub(crate) fn are_open(&self) -> bool {
-        self.lock().is_some()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<WasiFilesystemCtx>> {
         self.opened.lock().unwrap_or_else(|e| e.into_inner())
     }

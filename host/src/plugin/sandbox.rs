@@ -135,12 +135,6 @@ impl Sandbox {
         }
     }
 
-    /// Whether making a store only clones open handles (no filesystem work that could
-    /// block): every granted directory was opened already.
-    pub(crate) fn is_ready(&self) -> bool {
-        self.directories.are_open()
-    }
-
     /// A fresh store for one call, its deadline already running.
     pub(crate) fn store(
         &self,
