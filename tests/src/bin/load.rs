@@ -8,7 +8,8 @@
 //!
 //! Runs: `ceiling` (no provisioner: the benchmark creates each claim's bound PV itself,
 //! with the same concurrency, and deletes it), `defaults` (the host at its defaults),
-//! `unthrottled` (client limits off), `go-defaults` (the host at the Go library's limits:
+//! `unthrottled` (client limits off), `unthrottled-no-finalizer` (the same with the
+//! host's PV finalizer off, as the Go library ships), `go-defaults` (the host at the Go library's limits:
 //! QPS 5, burst 10, 4 workers), `QPS/BURST/THREADS` (such as `100/200/8`), and the Go
 //! library itself (sig-storage-lib-external-provisioner, `tests/golib`) in `go-library`
 //! (client limits off), `go-library-finalizer` (the same with its AddFinalizer on, as the
@@ -45,7 +46,8 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     claims: usize,
 
-    /// Runs, in order: ceiling, defaults, unthrottled, go-defaults, start,
+    /// Runs, in order: ceiling, defaults, unthrottled, unthrottled-no-finalizer,
+    /// go-defaults, start,
     /// QPS/BURST/THREADS (the host), go-library, go-library-finalizer, go-library-defaults
     /// (the Go library).
     #[arg(
@@ -150,6 +152,18 @@ impl RunSpec {
                     format!("no client limit, {threads} threads"),
                 )
             }
+            // The same with the host's PV finalizer off: its deletion makes the Go
+            // library's one write (the PV delete), the like-for-like comparison with
+            // `go-library` (a PV deleted by hand then loses its backend volume).
+            "unthrottled-no-finalizer" => {
+                let threads = threads.unwrap_or(DEFAULT_THREADS);
+                let mut flags = limits(100_000, 100_000, threads);
+                flags.push("--volume-protection-finalizer=false".into());
+                host(
+                    &flags,
+                    format!("no client limit, {threads} threads, PV finalizer off"),
+                )
+            }
             // The host, not the library: the host at the library's limits.
             "go-defaults" => host(
                 &limits(5, 10, 4),
@@ -191,7 +205,7 @@ impl RunSpec {
                 let parts: Vec<&str> = custom.split('/').collect();
                 let [qps, burst, threads] = parts.as_slice() else {
                     bail!(
-                        "unknown run {custom:?}: ceiling, defaults, unthrottled, go-defaults, start, QPS/BURST/THREADS, go-library, go-library-finalizer or go-library-defaults"
+                        "unknown run {custom:?}: ceiling, defaults, unthrottled, unthrottled-no-finalizer, go-defaults, start, QPS/BURST/THREADS, go-library, go-library-finalizer or go-library-defaults"
                     );
                 };
                 let (qps, burst, threads) = (qps.parse()?, burst.parse()?, threads.parse()?);
@@ -883,6 +897,18 @@ mod tests {
             "{}",
             run.settings
         );
+
+        let run = RunSpec::parse("unthrottled-no-finalizer", Some(16)).unwrap();
+        assert_eq!(
+            flags(&run.kind),
+            [
+                "--kube-api-qps=100000",
+                "--kube-api-burst=100000",
+                "--threads=16",
+                "--volume-protection-finalizer=false"
+            ]
+        );
+        assert!(matches!(run.kind, Kind::Host(_)));
 
         let run = RunSpec::parse("go-library-defaults", Some(16)).unwrap();
         assert_eq!(
