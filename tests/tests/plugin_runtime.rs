@@ -96,6 +96,50 @@ async fn guest_error_variants_are_answers_not_failures() {
     );
 }
 
+/// What the hostile `test-leftover` guest answered: (calls its instance saw, copies of
+/// the sought text it found in its linear memory).
+async fn leftover(module: &LoadedModule, parameters: &[(&str, &str)]) -> (usize, usize) {
+    let answer = module
+        .provision(&request(parameters))
+        .await
+        .expect("the call runs");
+    let Err(ProvisionError::Failed(message)) = answer else {
+        panic!("test-leftover always answers failed: {answer:?}");
+    };
+    let figures: Vec<usize> = message
+        .trim_start_matches("leftover: calls ")
+        .split(", found ")
+        .map(|n| n.parse().unwrap_or_else(|_| panic!("{message}")))
+        .collect();
+    (figures[0], figures[1])
+}
+
+/// Each call gets a fresh instance: one tenant's claim data that a call wrote into its
+/// statics and heap (or that arrived in its request) is not there for the next call,
+/// though the pool gives the next call the same memory slot and keeps the pages written
+/// resident (reset in place, not returned to the kernel; see `engine.rs`).
+#[tokio::test]
+async fn a_call_finds_nothing_an_earlier_call_left() {
+    let runtime = runtime("");
+    let module = load(&runtime, "leftover", "test-leftover").await;
+    let secret = "tenant-a-claim-5f0c1e9d-secret";
+    let reversed: String = secret.chars().rev().collect();
+    // The scan works: a call whose own request holds the text finds it.
+    let (calls, found) = leftover(&module, &[("plant", secret), ("seekReversed", &reversed)]).await;
+    assert_eq!(calls, 1, "a fresh instance per call");
+    assert!(found >= 1, "the scan finds the request's own copy: {found}");
+    for round in 0..20 {
+        let (calls, _) = leftover(&module, &[("plant", secret)]).await;
+        assert_eq!(calls, 1, "round {round}: a fresh instance per call");
+        let (calls, found) = leftover(&module, &[("seekReversed", &reversed)]).await;
+        assert_eq!(calls, 1, "round {round}: a fresh instance per call");
+        assert_eq!(
+            found, 0,
+            "round {round}: the call found {found} copies of what the call before it wrote"
+        );
+    }
+}
+
 #[tokio::test]
 async fn trap_fails_one_call_and_the_host_keeps_serving() {
     let runtime = runtime("");

@@ -7,7 +7,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy, WasmFeatures,
+    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy,
+    WasmFeatures,
 };
 
 use super::limits::{MAX_INSTANCES, MAX_MEMORIES, MAX_TABLE_ELEMENTS, MAX_TABLES};
@@ -30,6 +31,20 @@ pub const DEFAULT_MAX_GUEST_INSTANCES: u32 = 128;
 const CORE_INSTANCES_PER_CALL: u32 = 16;
 const MEMORIES_PER_CALL: u32 = 4;
 const TABLES_PER_CALL: u32 = 4;
+
+/// Of each pooled linear memory, at most this many bytes the last call wrote are reset
+/// in place when the call ends (restored to the module's initial image, or zeroed)
+/// instead of being returned to the kernel; the rest is decommitted as before. With
+/// Linux's `PAGEMAP_SCAN` (6.7 and later) only the pages the call wrote are reset.
+/// Returning them (`madvise`) cost every call a TLB shootdown on every core and a page
+/// fault for each page the next call touched: a third of a `should-provision` call's
+/// CPU was the kernel's. A Rust guest's call writes a few hundred KiB; a Python or
+/// JavaScript guest's more, of which this much is kept. The price is resident memory:
+/// at most this much per memory slot in use.
+const MEMORY_KEEP_RESIDENT_BYTES: usize = 1 << 20;
+
+/// The same for each pooled table (a few KiB each).
+const TABLE_KEEP_RESIDENT_BYTES: usize = 64 << 10;
 
 /// The instance pool: how many guest instances may be alive at once, and the largest
 /// linear memory any module may grow (the largest `memoryBytes` granted).
@@ -170,7 +185,10 @@ fn pooling(pool: InstancePool) -> PoolingAllocationConfig {
         // table, memory): big guests (CPython, SpiderMonkey) need more than the 1 MiB
         // default.
         .max_core_instance_size(16 << 20)
-        .max_component_instance_size(16 << 20);
+        .max_component_instance_size(16 << 20)
+        .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT_BYTES)
+        .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES)
+        .pagemap_scan(Enabled::Auto);
     config
 }
 
