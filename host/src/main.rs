@@ -18,9 +18,10 @@ fn main() -> std::process::ExitCode {
 ///   free that leaves a free chunk of 64 KiB or more once merged with its neighbours (a
 ///   watch event's buffer, or any chunk next to the top of the heap) first consolidates
 ///   every fastbin of the arena: `free` and `malloc_consolidate` were about a tenth of
-///   the host's CPU in a storm of claims. Small allocations still go through the per-thread cache (tcache), the fast
-///   path fastbins once were. Measured in interleaved runs of 500 claims on 2026-12-06:
-///   3-7% less CPU per volume, the same peak RSS (`tests/load-history.md`).
+///   the host's CPU in a storm of claims. Small allocations still go through the
+///   per-thread cache (tcache), the fast path fastbins once were. Measured in
+///   interleaved runs of 500 claims on 2026-12-06: 3-7% less CPU per volume, the same
+///   peak RSS (`tests/load-history.md`).
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -9,13 +9,13 @@
 //! Runs: `ceiling` (no provisioner: the benchmark creates each claim's bound PV itself,
 //! with the same concurrency, and deletes it), `defaults` (the host at its defaults),
 //! `unthrottled` (client limits off), `unthrottled-no-finalizer` (the same with the
-//! host's PV finalizer off, as the Go library ships), `go-defaults` (the host at the Go library's limits:
-//! QPS 5, burst 10, 4 workers), `QPS/BURST/THREADS` (such as `100/200/8`), and the Go
-//! library itself (sig-storage-lib-external-provisioner, `tests/golib`) in `go-library`
-//! (client limits off), `go-library-finalizer` (the same with its AddFinalizer on, as the
-//! host's PV finalizer) and `go-library-defaults` (its defaults). Every host run uses the
-//! `hostpath` guest and the Go library's provisioner is a hostpath one, so each volume is
-//! a real directory made and removed.
+//! host's PV finalizer off, as the Go library ships), `go-defaults` (the host at the Go
+//! library's limits: QPS 5, burst 10, 4 workers), `QPS/BURST/THREADS` (such as
+//! `100/200/8`), and the Go library itself (sig-storage-lib-external-provisioner,
+//! `tests/golib`) in `go-library` (client limits off), `go-library-finalizer` (the same
+//! with its AddFinalizer on, as the host's PV finalizer) and `go-library-defaults` (its
+//! defaults). Every host run uses the `hostpath` guest and the Go library's provisioner
+//! is a hostpath one, so each volume is a real directory made and removed.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -47,9 +47,8 @@ struct Args {
     claims: usize,
 
     /// Runs, in order: ceiling, defaults, unthrottled, unthrottled-no-finalizer,
-    /// go-defaults, start,
-    /// QPS/BURST/THREADS (the host), go-library, go-library-finalizer, go-library-defaults
-    /// (the Go library).
+    /// go-defaults, start, QPS/BURST/THREADS (the host), go-library,
+    /// go-library-finalizer, go-library-defaults (the Go library).
     #[arg(
         long,
         value_delimiter = ',',

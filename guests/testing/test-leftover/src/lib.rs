@@ -20,9 +20,9 @@ static CALLS: AtomicUsize = AtomicUsize::new(0);
 /// A static buffer the plant is copied into (zero in a fresh instance).
 static mut PLANTED: [u8; 4096] = [0; 4096];
 
-/// Copies of `seek` (reversed in `reversed`) in linear memory, from address 16 to the
-/// memory's end; compared byte by byte against the reversed text, so the forwards text
-/// is never built in memory by the scan itself.
+/// Copies of the text `reversed` holds backwards, in linear memory from address 16 to
+/// its end; compared byte by byte against the reversed text, so the forwards text is
+/// never built in memory by the scan itself.
 fn count_in_memory(reversed: &[u8]) -> usize {
     let n = reversed.len();
     if n == 0 {
