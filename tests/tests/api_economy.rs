@@ -154,11 +154,17 @@ async fn claims_one_after_another_cost_one_journal_write_each() -> anyhow::Resul
         let claim = fx
             .claim(&format!("trickle-{i:02}"), &class, "1Gi", json!({}))
             .await?;
+        // Polled every 20 ms (not wait_for's 200), so the next claim follows the clear
+        // well within the linger even on a loaded machine.
         let volume = format!("pvc-{}", claim.uid().unwrap_or_default());
-        wait_for(&format!("PV {volume}"), WAIT, || async {
-            Ok(volumes.get_opt(&volume).await?.map(|_| ()))
-        })
-        .await?;
+        let deadline = std::time::Instant::now() + WAIT;
+        while volumes.get_opt(&volume).await?.is_none() {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "PV {volume} of claim trickle-{i:02} did not appear within {WAIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     wait_for("the journal to be empty", WAIT, || async {
         Ok(fx.journal_entries().await?.is_empty().then_some(()))
@@ -173,12 +179,12 @@ async fn claims_one_after_another_cost_one_journal_write_each() -> anyhow::Resul
         .filter(|((verb, kind), _)| verb != "get" && kind == "configmaps")
         .map(|(_, (count, _))| count)
         .sum();
-    // One record each, the last clear alone, and slack for two gaps over the linger on
+    // One record each, the last clear alone, and slack for three gaps over the linger on
     // a slow machine; a clear written on its own each time would make 2 * CLAIMS.
     assert!(
-        journal <= (CLAIMS + 3) as f64,
+        journal <= (CLAIMS + 4) as f64,
         "{CLAIMS} claims one after another took {journal} journal writes (at most {}); by kind: {:?}",
-        CLAIMS + 3,
+        CLAIMS + 4,
         spent.by_kind()
     );
     println!("{CLAIMS} claims one after another: {journal} journal writes");
