@@ -10,6 +10,7 @@ use prometheus::{
 
 use crate::names;
 use crate::plugin::Runtime;
+use crate::plugin::engine::Allocator;
 
 /// The plugin runtime's counters as Prometheus counters, copied at each scrape.
 struct RuntimeCollector {
@@ -319,13 +320,23 @@ impl Metrics {
             "Guest instances the pooling allocator reserved at start (--max-guest-instances); 0: the on-demand allocator, asked for with --max-guest-instances 0 or used because the pool's address space could not be reserved (the log says which)",
         )
         .expect("valid gauge");
-        pool.set(match runtime.allocator() {
-            crate::plugin::engine::Allocator::Pooling { instances } => i64::from(instances),
-            crate::plugin::engine::Allocator::OnDemand => 0,
-        });
-        self.registry
-            .register(Box::new(pool))
-            .expect("pool metric registered once");
+        let unavailable = IntGauge::new(
+            "wasm_provisioner_instance_pool_unavailable",
+            "1 when the instance pool (--max-guest-instances) could not be reserved at start and calls use the on-demand allocator instead (about twice the CPU per call; the log says why); 0 otherwise",
+        )
+        .expect("valid gauge");
+        match runtime.allocator() {
+            Allocator::Pooling { instances } => pool.set(i64::from(instances)),
+            Allocator::OnDemand { pool_unavailable } => {
+                pool.set(0);
+                unavailable.set(i64::from(pool_unavailable));
+            }
+        }
+        for gauge in [pool, unavailable] {
+            self.registry
+                .register(Box::new(gauge))
+                .expect("pool metrics registered once");
+        }
         self.registry
             .register(Box::new(RuntimeCollector::new(runtime)))
             .expect("runtime metrics registered once");
@@ -400,6 +411,7 @@ mod tests {
             "wasm_provisioner_compile_cache_hits_total 0",
             "wasm_provisioner_compile_cache_misses_total 0",
             "wasm_provisioner_instance_pool_slots 128",
+            "wasm_provisioner_instance_pool_unavailable 0",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

@@ -36,17 +36,22 @@ async fn many_calls_at_once_under_an_address_space_limit() {
         ..RuntimeConfig::default()
     })
     .expect("the host starts under the limit");
-    assert_eq!(runtime.allocator(), Allocator::OnDemand);
-    // Operators see it in the metrics, not only in the log.
+    assert_eq!(
+        runtime.allocator(),
+        Allocator::OnDemand {
+            pool_unavailable: true
+        }
+    );
+    // Operators see it in the metrics (and its alert), not only in the log.
     let metrics = wasm_provisioner::metrics::Metrics::new();
     metrics.register_runtime(runtime.clone());
-    assert!(
-        metrics
-            .render()
-            .contains("wasm_provisioner_instance_pool_slots 0"),
-        "{}",
-        metrics.render()
-    );
+    let text = metrics.render();
+    for line in [
+        "wasm_provisioner_instance_pool_slots 0",
+        "wasm_provisioner_instance_pool_unavailable 1",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
     let slow = load(&runtime, "slow", "test-slow").await;
 
     // Each call sleeps a second inside the guest, so all of them hold their instance

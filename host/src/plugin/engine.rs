@@ -70,9 +70,11 @@ pub enum Allocator {
     /// ([`pooling`]).
     Pooling { instances: u32 },
     /// Each call maps its memories, tables and stack afresh, reserving only what its
-    /// grant allows ([`on_demand`]): asked for with `--max-guest-instances 0`, or when
-    /// the pool's address space cannot be reserved.
-    OnDemand,
+    /// grant allows ([`on_demand`]): asked for with `--max-guest-instances 0`
+    /// (`pool_unavailable` false), or because the pool's address space could not be
+    /// reserved (`pool_unavailable` true: about twice the CPU per call, which an
+    /// operator should hear of).
+    OnDemand { pool_unavailable: bool },
 }
 
 /// Builds the engine: Cranelift, epoch interruption, copy-on-write memory images, the
@@ -84,7 +86,12 @@ pub enum Allocator {
 /// on-demand allocator instead, whose memories reserve only what a grant allows.
 pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
     if pool.max_guest_instances == 0 {
-        return Ok((Engine::new(&on_demand(pool))?, Allocator::OnDemand));
+        return Ok((
+            Engine::new(&on_demand(pool))?,
+            Allocator::OnDemand {
+                pool_unavailable: false,
+            },
+        ));
     }
     let mut config = common();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(pool)));
@@ -101,7 +108,12 @@ pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
                 "cannot reserve the instance pool for {} guest instances ({error:#}); using the on-demand allocator instead: every call maps its memory afresh (about twice the CPU per call) and reserves only what its grant allows. To get the pool back, raise the process's address-space limit (ulimit -v) or lower --max-guest-instances; --max-guest-instances 0 chooses the on-demand allocator without this warning",
                 pool.max_guest_instances
             );
-            Ok((engine, Allocator::OnDemand))
+            Ok((
+                engine,
+                Allocator::OnDemand {
+                    pool_unavailable: true,
+                },
+            ))
         }
     }
 }
@@ -225,5 +237,25 @@ impl Drop for EpochTicker {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_on_demand_allocator_asked_for_is_not_an_unavailable_pool() {
+        let (_, allocator) = new_engine(InstancePool {
+            max_guest_instances: 0,
+            ..InstancePool::default()
+        })
+        .expect("engine");
+        assert_eq!(
+            allocator,
+            Allocator::OnDemand {
+                pool_unavailable: false
+            }
+        );
     }
 }
