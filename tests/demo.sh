@@ -2,7 +2,8 @@
 # The main job in one command: builds the guests, the host and the control-plane
 # launcher, starts the local control plane (unless KUBECONFIG names a cluster), runs the
 # host against it with example StorageClasses for both guests, provisions a sample
-# claim of each and shows the PVs Bound. Ctrl-C deletes the claims and tears it all down.
+# claim of each and shows the PVs Bound. Ctrl-C (or SIGTERM, SIGHUP) deletes the claims
+# and tears it all down.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

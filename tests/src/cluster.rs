@@ -88,11 +88,17 @@ pub fn launcher_binary() -> anyhow::Result<PathBuf> {
 fn start_control_plane() -> anyhow::Result<ControlPlane> {
     let launcher = launcher_binary()?;
     let started = Instant::now();
-    let mut child = Command::new(&launcher)
+    let mut command = Command::new(&launcher);
+    command
         .arg("run")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    // In a process group of its own, so a terminal's Ctrl-C reaches this process (the
+    // demo cleans up through the API first), not the control plane; the launcher stops
+    // its components when this process exits, however it exits.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
         .spawn()
         .with_context(|| format!("starting {}", launcher.display()))?;
     let stdout = child.stdout.take().expect("piped stdout");

@@ -83,8 +83,21 @@ impl Host {
         Ok(host)
     }
 
+    /// [`Self::start`], the host in a process group of its own: a terminal's Ctrl-C
+    /// (sent to the whole foreground group) reaches only the caller, which still needs
+    /// the host to delete what it made before it stops it (the demo).
+    pub fn start_in_own_process_group(config: &HostConfig) -> anyhow::Result<Host> {
+        let host = Self::spawn_with(config, true)?;
+        host.wait_ready(Duration::from_secs(60))?;
+        Ok(host)
+    }
+
     /// Starts the host without waiting.
     pub fn spawn(config: &HostConfig) -> anyhow::Result<Host> {
+        Self::spawn_with(config, false)
+    }
+
+    fn spawn_with(config: &HostConfig, own_process_group: bool) -> anyhow::Result<Host> {
         let metrics_port = free_port();
         std::fs::create_dir_all(&config.log_dir)?;
         let log = config.log_dir.join(format!(
@@ -107,6 +120,9 @@ impl Host {
             .stderr(log_file);
         if let Some(grants) = &config.grants {
             command.arg(format!("--grants={}", grants.display()));
+        }
+        if own_process_group {
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
         }
         let child = command.spawn().context("starting wasm-provisioner")?;
         Ok(Host {

@@ -61,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
         args: HostConfig::fast_retries(),
     };
     config.args.push("--leader-elect=false".into());
-    let mut host = Host::start(&config)?;
+    let mut host = Host::start_in_own_process_group(&config)?;
     println!(
         "host running: metrics on http://127.0.0.1:{}/metrics, log {}",
         host.metrics_port,
@@ -191,7 +191,7 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     println!("Running. Ctrl-C to delete the demo claims and stop.");
-    tokio::signal::ctrl_c().await?;
+    stop_requested().await?;
 
     println!("deleting the demo claims; the guests delete their backend volumes...");
     let mut published = BTreeMap::new();
@@ -226,5 +226,20 @@ async fn main() -> anyhow::Result<()> {
     let status = host.terminate(Duration::from_secs(30))?;
     println!("host stopped ({status})");
     let _ = std::fs::remove_dir_all(PathBuf::from(&root));
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM or SIGHUP (a `kill`, `timeout`, a closed terminal): each gets the
+/// same clean-up, so the demo never leaves its claims, classes and namespace in the
+/// cluster `KUBECONFIG` names, nor its backend directories behind.
+async fn stop_requested() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted?,
+        _ = terminate.recv() => println!("SIGTERM"),
+        _ = hangup.recv() => println!("SIGHUP"),
+    }
     Ok(())
 }
