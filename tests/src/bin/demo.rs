@@ -14,6 +14,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use wasm_provisioner_tests::cluster::{admin_client, admin_kubeconfig, wait_for};
 use wasm_provisioner_tests::guests;
 use wasm_provisioner_tests::host::{Host, HostConfig};
@@ -23,6 +24,7 @@ const PROVISIONER: &str = "demo.wasm-provisioner.dev";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let mut stop = StopSignals::listen()?;
     let kubeconfig = admin_kubeconfig();
     let client = admin_client().await?;
     println!(
@@ -191,7 +193,7 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     println!("Running. Ctrl-C to delete the demo claims and stop.");
-    stop_requested().await?;
+    stop.requested().await;
 
     println!("deleting the demo claims; the guests delete their backend volumes...");
     let mut published = BTreeMap::new();
@@ -229,17 +231,30 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Ctrl-C, or SIGTERM or SIGHUP (a `kill`, `timeout`, a closed terminal): each gets the
+/// Ctrl-C, SIGTERM or SIGHUP (a `kill`, `timeout`, a closed terminal): each gets the
 /// same clean-up, so the demo never leaves its claims, classes and namespace in the
-/// cluster `KUBECONFIG` names, nor its backend directories behind.
-async fn stop_requested() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    tokio::select! {
-        interrupted = tokio::signal::ctrl_c() => interrupted?,
-        _ = terminate.recv() => println!("SIGTERM"),
-        _ = hangup.recv() => println!("SIGHUP"),
+/// cluster `KUBECONFIG` names, nor its backend directories behind. Listened for from the
+/// start, so a signal that comes before the demo is ready waits for the clean-up too.
+struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+}
+
+impl StopSignals {
+    fn listen() -> anyhow::Result<StopSignals> {
+        Ok(StopSignals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
     }
-    Ok(())
+
+    async fn requested(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => println!("SIGTERM"),
+            _ = self.hangup.recv() => println!("SIGHUP"),
+        }
+    }
 }
