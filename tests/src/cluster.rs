@@ -267,7 +267,22 @@ pub fn random_suffix() -> String {
 
 /// Polls `check` every 200 ms until it returns `Some`, or fails after `timeout` with
 /// `what` in the message.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    wait_for_every(what, timeout, Duration::from_millis(200), check).await
+}
+
+/// [`wait_for`], polling every `interval`: for a test whose next step must follow the
+/// awaited state closely.
+pub async fn wait_for_every<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut check: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
@@ -288,6 +303,6 @@ where
                 None => anyhow!("timed out after {timeout:?} waiting for {what}"),
             });
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(interval).await;
     }
 }

@@ -78,16 +78,18 @@ impl Host {
     /// Starts `wasm-provisioner run` and waits until `/readyz` answers 200 (caches
     /// synced; with leader election, that does not mean leading).
     pub fn start(config: &HostConfig) -> anyhow::Result<Host> {
-        let host = Self::spawn(config)?;
-        host.wait_ready(Duration::from_secs(60))?;
-        Ok(host)
+        Self::start_with(config, false)
     }
 
     /// [`Self::start`], the host in a process group of its own: a terminal's Ctrl-C
     /// (sent to the whole foreground group) reaches only the caller, which still needs
     /// the host to delete what it made before it stops it (the demo).
     pub fn start_in_own_process_group(config: &HostConfig) -> anyhow::Result<Host> {
-        let host = Self::spawn_with(config, true)?;
+        Self::start_with(config, true)
+    }
+
+    fn start_with(config: &HostConfig, own_process_group: bool) -> anyhow::Result<Host> {
+        let host = Self::spawn_with(config, own_process_group)?;
         host.wait_ready(Duration::from_secs(60))?;
         Ok(host)
     }

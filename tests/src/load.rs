@@ -179,6 +179,14 @@ impl Requests {
             .sum()
     }
 
+    /// Writes to `resource` (such as `configmaps`, or `persistentvolumes/status`).
+    pub fn writes_to(&self, resource: &str) -> f64 {
+        self.counted()
+            .filter(|((verb, kind, _), _)| is_write(verb) && kind == resource)
+            .map(|(_, v)| v)
+            .sum()
+    }
+
     /// Reads (get, list; watches are not counted).
     pub fn reads(&self) -> f64 {
         self.counted()
@@ -914,6 +922,12 @@ process_cpu_seconds_total 12.5
         assert_eq!(samples.len(), 6);
         let requests = Requests::from_apiserver(&samples);
         assert_eq!(requests.writes(), 12.0);
+        assert_eq!(
+            requests.writes_to("persistentvolumes"),
+            9.0,
+            "the POSTs and PATCHes, not the LIST"
+        );
+        assert_eq!(requests.writes_to("persistentvolumeclaims/status"), 3.0);
         assert_eq!(requests.reads(), 1.0, "watches are not counted");
         assert_eq!(requests.conflicts(), 2.0);
         let kinds = requests.by_kind();

@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use wasm_provisioner_tests::cluster::wait_for;
+use wasm_provisioner_tests::cluster::{wait_for, wait_for_every};
 use wasm_provisioner_tests::fixture::{Fixture, WAIT};
 use wasm_provisioner_tests::load::{host_requests, settled_requests};
 
@@ -52,13 +52,7 @@ async fn a_volume_costs_under_five_writes_and_no_claim_write_and_its_deletion_tw
     let provisioning = provisioned.since(&before);
     let per_volume = |n: f64| n / CLAIMS as f64;
     let kinds = provisioning.by_kind();
-    let writes_of = |resource: &str| {
-        kinds
-            .iter()
-            .filter(|((verb, kind), _)| verb != "get" && verb != "list" && kind == resource)
-            .map(|(_, (count, _))| per_volume(*count))
-            .sum::<f64>()
-    };
+    let writes_of = |resource: &str| per_volume(provisioning.writes_to(resource));
     assert_eq!(
         (
             writes_of("persistentvolumes"),
@@ -157,14 +151,13 @@ async fn claims_one_after_another_cost_one_journal_write_each() -> anyhow::Resul
         // Polled every 20 ms (not wait_for's 200), so the next claim follows the clear
         // well within the linger even on a loaded machine.
         let volume = format!("pvc-{}", claim.uid().unwrap_or_default());
-        let deadline = std::time::Instant::now() + WAIT;
-        while volumes.get_opt(&volume).await?.is_none() {
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "PV {volume} of claim trickle-{i:02} did not appear within {WAIT:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_every(
+            &format!("PV {volume} of claim trickle-{i:02}"),
+            WAIT,
+            Duration::from_millis(20),
+            || async { Ok(volumes.get_opt(&volume).await?.map(|_| ())) },
+        )
+        .await?;
     }
     wait_for("the journal to be empty", WAIT, || async {
         Ok(fx.journal_entries().await?.is_empty().then_some(()))
@@ -173,12 +166,7 @@ async fn claims_one_after_another_cost_one_journal_write_each() -> anyhow::Resul
     let spent = settled_requests(&host, Duration::from_secs(2))
         .await?
         .since(&before);
-    let journal: f64 = spent
-        .by_kind()
-        .iter()
-        .filter(|((verb, kind), _)| verb != "get" && kind == "configmaps")
-        .map(|(_, (count, _))| count)
-        .sum();
+    let journal = spent.writes_to("configmaps");
     // One record each, the last clear alone, and slack for three gaps over the linger on
     // a slow machine; a clear written on its own each time would make 2 * CLAIMS.
     assert!(

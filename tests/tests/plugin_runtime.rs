@@ -605,8 +605,9 @@ async fn a_new_version_is_validated_while_the_module_is_busy() {
 /// each call runs on a blocking thread of its own, its WASI file operations inline. The
 /// guest opens a FIFO in its grant (`outcomeFile`), which blocks in open(2) until a
 /// writer comes, as an NFS operation hangs. On this test's single async thread, the hung
-/// calls time out after their 1 s and another call goes through meanwhile. A watchdog thread lets the stuck openers go
-/// after 15 s, so a regression fails with a message instead of hanging.
+/// calls time out after their 1 s and another call goes through meanwhile. A watchdog
+/// thread lets the stuck openers go after 15 s, so a regression fails with a message
+/// instead of hanging.
 #[tokio::test]
 async fn a_hung_filesystem_does_not_block_the_async_workers() {
     use std::os::unix::ffi::OsStrExt as _;
