@@ -17,22 +17,12 @@ use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
-use std::time::Duration;
-
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use http::{Method, Request, Response};
-use hyper_rustls::{FixedServerNameResolver, HttpsConnectorBuilder};
-use hyper_timeout::TimeoutConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use kube::client::retry::RetryPolicy;
-use kube::client::{ClientBuilder, ConfigExt, DynBody};
+use kube::client::ClientBuilder;
 use kube::{Client, Config};
 use prometheus::{IntCounterVec, Opts};
-use rustls::pki_types::ServerName;
-use tower::retry::RetryLayer;
-use tower::util::BoxService;
-use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Layer, Service};
 
 /// Requests the host sent to the API server, by verb (Kubernetes' words: get, list,
 /// watch, create, update, patch, delete, deletecollection), resource (with
@@ -50,88 +40,12 @@ pub static KUBE_API_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 });
 
 /// A client for `config`: at most `burst` requests at once, `qps` per second on average
-/// (each at least 1), every request counted, over HTTP/2 when the API server offers it
-/// ([`connection`]).
+/// (each at least 1), every request counted.
 pub fn rate_limited(config: Config, qps: u32, burst: u32) -> anyhow::Result<Client> {
-    Ok(connection(config)?
+    Ok(ClientBuilder::try_from(config)?
         .with_layer(&TokenBucketLayer::new(qps, burst))
         .with_layer(&CountLayer)
         .build())
-}
-
-/// kube's service stack (`kube::client::ClientBuilder::try_from`), boxed as kube boxes it.
-type Connection = BoxService<Request<kube::client::Body>, Response<Box<DynBody>>, BoxError>;
-
-/// How long an HTTP/2 connection with requests or watches open may stay silent before
-/// it is pinged, and how long the ping's answer may take before the connection is
-/// dropped and its watches reopen on a new one: client-go's `ReadIdleTimeout` and
-/// `PingTimeout`.
-const HTTP2_PING_AFTER: Duration = Duration::from_secs(30);
-const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// HTTP/2 flow-control windows, Go's transport's: what one stream (a watch, a list) may
-/// have unread, and what all of them together may. With hyper's 5 MiB for the
-/// connection, two or three watches whose events wait to be read could stall every
-/// other request on it.
-const HTTP2_STREAM_WINDOW: u32 = 4 << 20;
-const HTTP2_CONNECTION_WINDOW: u32 = 1 << 30;
-
-/// kube's service stack for `config`, but speaking HTTP/2 when the API server offers it
-/// (ALPN), as client-go does. kube's own connector speaks HTTP/1.1 only: one connection
-/// per request in flight, so the head of a provisioning storm waits for new TLS
-/// connections (seven in a 500-claim burst) while the watches' connections sit idle.
-/// Over HTTP/2 every request and watch shares one connection, warm from the start.
-///
-/// Behind a proxy (`proxy_url`) or with an exec credential plugin (whose client
-/// certificate kube renews), kube's own stack is used unchanged.
-fn connection(config: Config) -> anyhow::Result<ClientBuilder<Connection>> {
-    if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
-        return Ok(ClientBuilder::try_from(config)?);
-    }
-    let mut tcp = HttpConnector::new();
-    tcp.enforce_http(false);
-    let tls = HttpsConnectorBuilder::new()
-        .with_tls_config(config.rustls_client_config()?)
-        .https_or_http();
-    let tls = match &config.tls_server_name {
-        Some(name) => tls.with_server_name_resolver(FixedServerNameResolver::new(
-            ServerName::try_from(name.clone())
-                .map_err(|error| anyhow::anyhow!("tls-server-name {name:?}: {error}"))?,
-        )),
-        None => tls,
-    };
-    let mut connector = TimeoutConnector::new(tls.enable_all_versions().wrap_connector(tcp));
-    connector.set_connect_timeout(config.connect_timeout);
-    connector.set_read_timeout(config.read_timeout);
-    connector.set_write_timeout(config.write_timeout);
-    connector.set_reset_reader_on_write(config.reset_reader_on_write);
-    let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .http2_keep_alive_interval(HTTP2_PING_AFTER)
-        .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
-        .http2_initial_stream_window_size(HTTP2_STREAM_WINDOW)
-        .http2_initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-        .build(connector);
-    let service = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(
-            config
-                .default_retry
-                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
-        )
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .map_err(BoxError::from)
-        .service(http)
-        .map_response(|response| {
-            response.map(|body| {
-                Box::new(http_body_util::BodyExt::map_err(body, BoxError::from)) as Box<DynBody>
-            })
-        });
-    Ok(ClientBuilder::new(
-        BoxService::new(service),
-        config.default_namespace,
-    ))
 }
 
 /// The token bucket of `qps` and `burst`: one token every `1 / qps` s, at most `burst`

@@ -2,7 +2,6 @@
 //! `run` against the test control plane, with its own modules directory, grants file,
 //! provisioner name and metrics port.
 
-use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -208,13 +207,6 @@ impl Host {
         proc_status_bytes(self.child.id(), "VmRSS")
     }
 
-    /// The local ports of the TCP connections the host holds open (established) to the
-    /// remote `port`, from `/proc`: its sockets' inodes matched against the process's
-    /// TCP tables.
-    pub fn connections_to(&self, port: u16) -> anyhow::Result<BTreeSet<u16>> {
-        connections_to(self.child.id(), port)
-    }
-
     /// SIGKILL, as `kill -9` would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -260,45 +252,4 @@ pub fn proc_status_bytes(pid: u32, field: &str) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
-}
-
-/// The local ports of process `pid`'s established TCP connections to the remote `port`.
-pub fn connections_to(pid: u32, port: u16) -> anyhow::Result<BTreeSet<u16>> {
-    let mut sockets = BTreeSet::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
-        // A descriptor closed since the listing is no longer the host's.
-        let Ok(target) = std::fs::read_link(entry?.path()) else {
-            continue;
-        };
-        if let Some(inode) = target
-            .to_str()
-            .and_then(|t| t.strip_prefix("socket:["))
-            .and_then(|t| t.strip_suffix(']'))
-        {
-            sockets.insert(inode.to_string());
-        }
-    }
-    let mut local_ports = BTreeSet::new();
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))?;
-        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-        for fields in text
-            .lines()
-            .skip(1)
-            .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        {
-            let [_, local, remote, state, _, _, _, _, _, inode, ..] = fields[..] else {
-                continue;
-            };
-            let port_of = |address: &str| {
-                address
-                    .rsplit_once(':')
-                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
-            };
-            if state == "01" && port_of(remote) == Some(port) && sockets.contains(inode) {
-                local_ports.extend(port_of(local));
-            }
-        }
-    }
-    Ok(local_ports)
 }

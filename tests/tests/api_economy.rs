@@ -9,7 +9,7 @@
 //! edited on the way (no finalizer in any state the watch shows), so the binder never
 //! syncs a Pending claim again for us.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,9 +20,8 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use wasm_provisioner_tests::cluster::{admin_config, wait_for, wait_for_every};
+use wasm_provisioner_tests::cluster::{wait_for, wait_for_every};
 use wasm_provisioner_tests::fixture::{Fixture, WAIT};
-use wasm_provisioner_tests::host::connections_to;
 use wasm_provisioner_tests::load::{host_requests, settled_requests};
 
 #[tokio::test]
@@ -122,77 +121,6 @@ async fn a_volume_costs_under_five_writes_and_no_claim_write_and_its_deletion_tw
             "the backend volume {volume} was deleted"
         );
     }
-    fx.cleanup().await;
-    Ok(())
-}
-
-/// The head of a burst waits for no new connection: the host speaks HTTP/2 to the API
-/// server, as client-go does, so its requests share the connection its watches keep
-/// open. Over kube's own HTTP/1.1 connector every request in flight needs a connection
-/// of its own, and a burst's first requests each waited for a new TLS handshake.
-#[tokio::test]
-async fn a_burst_of_claims_opens_no_new_connection() -> anyhow::Result<()> {
-    const CLAIMS: usize = 20;
-    let mut fx = Fixture::new("connections").await?;
-    fx.install_module("hostpath", "hostpath");
-    let class = fx
-        .class("hostpath", &[("nodePath", "/srv/connections")], json!({}))
-        .await?;
-    let host = fx.host(&[]);
-    settled_requests(&host, Duration::from_secs(2)).await?;
-    let api_port = admin_config()
-        .await?
-        .cluster_url
-        .port_u16()
-        .ok_or_else(|| anyhow::anyhow!("the API server's URL has no port"))?;
-    let before = host.connections_to(api_port)?;
-    assert!(
-        !before.is_empty(),
-        "the host's watches hold a connection to the API server (port {api_port})"
-    );
-
-    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let pid = host.pid();
-    let sampler = {
-        let sampling = sampling.clone();
-        std::thread::spawn(move || -> anyhow::Result<BTreeSet<u16>> {
-            let mut seen = BTreeSet::new();
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                seen.extend(connections_to(pid, api_port)?);
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Ok(seen)
-        })
-    };
-    let names: Vec<String> = (0..CLAIMS).map(|i| format!("connections-{i:02}")).collect();
-    try_join_all(
-        names
-            .iter()
-            .map(|name| fx.claim(name, &class, "1Gi", json!({}))),
-    )
-    .await?;
-    let mut volumes = Vec::new();
-    for name in &names {
-        volumes.push(fx.wait_bound(name).await?.name_any());
-    }
-    let claims = fx.claims();
-    let delete = DeleteParams::default();
-    try_join_all(names.iter().map(|name| claims.delete(name, &delete))).await?;
-    for volume in &volumes {
-        fx.wait_volume_gone(volume).await?;
-    }
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let seen = sampler.join().expect("the sampler thread")?;
-    println!(
-        "connections to the API server: {} before the burst, {} seen during it",
-        before.len(),
-        seen.len()
-    );
-    assert!(
-        seen.is_subset(&before),
-        "the host opened connections to the API server during a burst of {CLAIMS} claims: \
-         local ports before {before:?}, seen during provisioning and deletion {seen:?}"
-    );
     fx.cleanup().await;
     Ok(())
 }
