@@ -172,32 +172,26 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
         Some(VolumeStage::BackendDeleted) => return remove_volume(ctx, pv).await,
         None => {}
     }
-    // The module's share of the volume workers (see `shares`): a volume whose module
-    // holds all of it waits in the module's own queue, before any API request, without
-    // an Event or a failed attempt. A module that cannot be told is handled below.
-    let share = match module_for(ctx, pv) {
-        Ok(module) => match ctx.volume_shares.try_enter(
-            module.name(),
-            module.limits().max_concurrent_calls,
-            ObjectRef::from_obj(pv),
-        ) {
-            Some(permit) => Some(permit),
-            None => {
-                tracing::debug!(
-                    volume = %pv.name_any(),
-                    module = module.name(),
-                    "the module holds its whole share of the workers; the volume waits for one"
-                );
-                return Ok(Action::requeue(shares::RECHECK));
-            }
-        },
-        Err(_) => None,
-    };
     let volume_name = pv.name_any();
     let class = class_label(pv);
     let module = match module_for(ctx, pv) {
         Ok(module) => module,
         Err(message) => return Err(delete_failed(ctx, pv, &class, message).await),
+    };
+    // The module's share of the volume workers (see `shares`): a volume whose module
+    // holds all of it waits in the module's own queue, before any API request, without
+    // an Event or a failed attempt.
+    let Some(share) = ctx.volume_shares.try_enter(
+        module.name(),
+        module.limits().max_concurrent_calls,
+        ObjectRef::from_obj(pv),
+    ) else {
+        tracing::debug!(
+            volume = %volume_name,
+            module = module.name(),
+            "the module holds its whole share of the workers; the volume waits for one"
+        );
+        return Ok(Action::requeue(shares::RECHECK));
     };
     let request = volume::delete_request(pv, ctx.class(&class).as_deref())?;
 
