@@ -283,36 +283,3 @@ pub fn unpack_rootfs(image: &Image, rootfs: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
-/// Every metric name a PromQL text uses (`wasm_provisioner_*` and the seed's
-/// `controller_*`), such as `wasm_provisioner_claim_to_volume_seconds_bucket`.
-pub fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
-    let mut names = std::collections::BTreeSet::new();
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        let rest = &text[i..];
-        let starts = rest.starts_with("wasm_provisioner_") || rest.starts_with("controller_");
-        let boundary = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
-        if starts && boundary {
-            let end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            names.insert(rest[..end].to_string());
-            i += end;
-        } else {
-            i += 1;
-        }
-    }
-    names
-}
-
-/// The sample names of a Prometheus text exposition.
-pub fn exposed_names(exposition: &str) -> std::collections::BTreeSet<String> {
-    exposition
-        .lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| line.split(['{', ' ']).next())
-        .map(String::from)
-        .collect()
-}

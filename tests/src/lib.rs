@@ -12,6 +12,8 @@
 //!   kustomize base, the image tarball, server-side apply.
 //! - [`kubelet`]: a rendered Deployment run from the image as kubelet would run it.
 //! - [`load`]: the load benchmark's figures, table and plot (`src/bin/load.rs`).
+//! - [`promql`]: the alert rules' and the dashboard's PromQL checked against the
+//!   metrics a real host exports.
 
 pub mod access;
 pub mod cluster;
@@ -23,3 +25,4 @@ pub mod install;
 pub mod kubeconfig;
 pub mod kubelet;
 pub mod load;
+pub mod promql;
