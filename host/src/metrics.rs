@@ -51,6 +51,11 @@ impl RuntimeCollector {
                     .into_iter()
                     .cloned(),
             )
+            .chain(
+                prometheus::core::Collector::desc(&calls_stuck(&runtime))
+                    .into_iter()
+                    .cloned(),
+            )
             .chain(compile_counters(&runtime).iter().flat_map(|counter| {
                 prometheus::core::Collector::desc(counter)
                     .into_iter()
@@ -91,10 +96,12 @@ impl prometheus::core::Collector for RuntimeCollector {
 
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
         let grants = grants_without_module(&self.runtime);
+        let stuck = calls_stuck(&self.runtime);
         Self::families(&self.runtime)
             .iter()
             .flat_map(prometheus::core::Collector::collect)
             .chain(prometheus::core::Collector::collect(&grants))
+            .chain(prometheus::core::Collector::collect(&stuck))
             .chain(
                 compile_counters(&self.runtime)
                     .iter()
@@ -140,6 +147,23 @@ fn compile_counters(runtime: &Runtime) -> Vec<prometheus::IntCounter> {
 }
 
 /// 1 for each module the grants file names that the modules directory lacks.
+fn calls_stuck(runtime: &Runtime) -> IntGaugeVec {
+    let family = IntGaugeVec::new(
+        Opts::new(
+            "wasm_provisioner_guest_calls_stuck",
+            "Guest calls running past their timeout, stuck in a system call (a hung filesystem): each holds a thread, an instance and one of the module's maxConcurrentCalls until it returns, by module",
+        ),
+        &["module"],
+    )
+    .expect("valid gauge");
+    for (module, counters) in runtime.metrics().snapshot() {
+        family
+            .with_label_values(&[module.as_str()])
+            .set(i64::try_from(counters.calls_stuck).unwrap_or(i64::MAX));
+    }
+    family
+}
+
 fn grants_without_module(runtime: &Runtime) -> IntGaugeVec {
     let family = IntGaugeVec::new(
         Opts::new(

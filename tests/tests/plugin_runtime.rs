@@ -660,8 +660,10 @@ async fn a_hung_filesystem_does_not_block_the_async_workers() {
     let (hung, (answer, other_took, other_done)) =
         futures::future::join(futures::future::join_all(hung), other).await;
     let elapsed = started.elapsed();
-    // Each hung call keeps its thread and its permit while it is stuck in open(2).
+    // Each hung call keeps its thread and its permit while it is stuck in open(2), and
+    // counts as stuck (`wasm_provisioner_guest_calls_stuck`).
     let stuck = echo.calls_in_flight();
+    let counted_stuck = runtime.metrics().module("echo").calls_stuck;
     // The threads still stuck in open(2) are let go, so the test leaves nothing behind.
     let fifo_writer = std::fs::OpenOptions::new()
         .write(true)
@@ -693,7 +695,16 @@ async fn a_hung_filesystem_does_not_block_the_async_workers() {
         "the hung calls took {elapsed:?} to time out (limit 1 s)"
     );
     assert_eq!(stuck, 4, "the calls stuck in open(2) hold their permits");
+    assert_eq!(
+        counted_stuck, 4,
+        "the calls stuck in open(2) are counted stuck"
+    );
     wait_idle(&echo, "the FIFO let them go").await;
+    assert_eq!(
+        runtime.metrics().module("echo").calls_stuck,
+        0,
+        "a stuck call no longer counts once its thread returned"
+    );
     assert_healthy(&runtime).await;
 }
 

@@ -22,6 +22,10 @@ pub struct ModuleCounters {
     /// Bytes of guest log (the `log` import, stdout, stderr) dropped past a call's
     /// bounds (`--guest-log-bytes-per-call`, lines per call, line length).
     pub guest_log_dropped_bytes_total: u64,
+    /// Calls running now past their timeout, stuck in a system call (a hung network
+    /// filesystem): each holds a thread, an instance and one of the module's
+    /// `maxConcurrentCalls` until the system call returns. A gauge.
+    pub calls_stuck: u64,
 }
 
 /// The runtime's counters.
@@ -110,6 +114,16 @@ impl Metrics {
                 *c.call_failures_total.entry(label).or_default() += 1;
             }
         });
+    }
+
+    /// A call's waiter gave up on it while its thread was still in a system call.
+    pub(crate) fn record_stuck_call(&self, module: &str) {
+        self.update(module, |c| c.calls_stuck += 1);
+    }
+
+    /// A stuck call's thread has returned.
+    pub(crate) fn record_stuck_call_ended(&self, module: &str) {
+        self.update(module, |c| c.calls_stuck = c.calls_stuck.saturating_sub(1));
     }
 
     pub(crate) fn record_log_dropped(&self, module: &str, bytes: u64) {

@@ -67,6 +67,47 @@ fn call_store(
     Ok(store)
 }
 
+/// Whether a call's waiter gave up on it while its thread still ran (stuck in a system
+/// call), and whether that thread has returned: the call counts in
+/// `wasm_provisioner_guest_calls_stuck` from the one to the other, whichever order
+/// they come in.
+#[derive(Default)]
+struct StuckWatch {
+    /// (the waiter declared the call stuck, the thread returned)
+    state: std::sync::Mutex<(bool, bool)>,
+}
+
+impl StuckWatch {
+    fn declare(&self, metrics: &Metrics, module: &str) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !state.1 {
+            state.0 = true;
+            metrics.record_stuck_call(module);
+        }
+    }
+
+    fn thread_returned(&self, metrics: &Metrics, module: &str) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.1 = true;
+        if state.0 {
+            metrics.record_stuck_call_ended(module);
+        }
+    }
+}
+
+/// Dropped when a call's thread returns, however it ends.
+struct ThreadEnd {
+    watch: Arc<StuckWatch>,
+    metrics: Arc<Metrics>,
+    module: Arc<str>,
+}
+
+impl Drop for ThreadEnd {
+    fn drop(&mut self) {
+        self.watch.thread_returned(&self.metrics, &self.module);
+    }
+}
+
 /// One version of one module, ready to call.
 pub struct LoadedModule {
     name: Arc<str>,
@@ -316,8 +357,14 @@ impl LoadedModule {
         // yield (nor meet its deadline): even when every `LoadedModule` and the
         // `Runtime` are gone (the process is shutting down, and waits for this thread).
         let ticker = self.ticker.clone();
+        let stuck = Arc::new(StuckWatch::default());
+        let thread_end = ThreadEnd {
+            watch: stuck.clone(),
+            metrics: metrics.clone(),
+            module: self.name.clone(),
+        };
         let thread = tokio::task::spawn_blocking(move || {
-            let (_permit, _ticker) = (permit, ticker);
+            let (_permit, _ticker, _end) = (permit, ticker, thread_end);
             let mut store = match call_store(&sandbox, &engine, call, log_bytes_per_call, metrics) {
                 Ok(store) => store,
                 Err(cause) => return CallEnd::NoSandbox(cause),
@@ -350,10 +397,13 @@ impl LoadedModule {
         });
         let target = || self.target(call);
         match tokio::time::timeout(limits.timeout + STUCK_CALL_GRACE, thread).await {
-            Err(_stuck) => Err(CallError::Stuck {
-                target: target(),
-                timeout: limits.timeout,
-            }),
+            Err(_stuck) => {
+                stuck.declare(&self.metrics, &self.name);
+                Err(CallError::Stuck {
+                    target: target(),
+                    timeout: limits.timeout,
+                })
+            }
             Ok(Err(failed)) => Err(CallError::Trap {
                 target: target(),
                 cause: truncate(format!("the call's thread failed: {failed}")),
