@@ -146,7 +146,7 @@ fn compile_counters(runtime: &Runtime) -> Vec<prometheus::IntCounter> {
         .collect()
 }
 
-/// 1 for each module the grants file names that the modules directory lacks.
+/// The calls of each module stuck in a system call past their timeout.
 fn calls_stuck(runtime: &Runtime) -> IntGaugeVec {
     let family = IntGaugeVec::new(
         Opts::new(
@@ -164,6 +164,7 @@ fn calls_stuck(runtime: &Runtime) -> IntGaugeVec {
     family
 }
 
+/// 1 for each module the grants file names that the modules directory lacks.
 fn grants_without_module(runtime: &Runtime) -> IntGaugeVec {
     let family = IntGaugeVec::new(
         Opts::new(

@@ -262,6 +262,90 @@ pub fn legend_labels(legend: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Checks each alert of a PrometheusRule (`yaml`) against `exported`: its expression
+/// (as [`result_labels`]), and the `$labels.x` of its annotations against what its
+/// result carries (with `alertname` and the rule's own labels). Returns the number of
+/// alerts and what is wrong, one line each.
+pub fn check_alerts(yaml: &str, exported: &Exported) -> anyhow::Result<(usize, Vec<String>)> {
+    let rules: serde_yaml::Value = serde_yaml::from_str(yaml)?;
+    let (mut alerts, mut problems) = (0, Vec::new());
+    for rule in rules["spec"]["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|group| group["rules"].as_sequence().into_iter().flatten())
+    {
+        alerts += 1;
+        let name = rule["alert"].as_str().unwrap_or("(a rule without a name)");
+        let expr = rule["expr"].as_str().unwrap_or_default();
+        let mut carried = match result_labels(expr, exported) {
+            Ok(labels) => labels.unwrap_or_default(),
+            Err(error) => {
+                problems.push(format!("alert {name}: {error}"));
+                continue;
+            }
+        };
+        carried.insert("alertname".to_string());
+        carried.extend(
+            rule["labels"]
+                .as_mapping()
+                .into_iter()
+                .flatten()
+                .filter_map(|(key, _)| key.as_str().map(String::from)),
+        );
+        for (key, template) in rule["annotations"].as_mapping().into_iter().flatten() {
+            let key = key.as_str().unwrap_or_default();
+            for label in annotation_labels(template.as_str().unwrap_or_default()) {
+                if !carried.contains(&label) {
+                    problems.push(format!(
+                        "alert {name}: its {key} reads $labels.{label}, which its series do not carry ({carried:?})"
+                    ));
+                }
+            }
+        }
+    }
+    Ok((alerts, problems))
+}
+
+/// Checks each query of a Grafana dashboard (`json`) against `exported`, with
+/// Grafana's variables substituted as it does (`$__rate_interval`, `$__range`, `$job`
+/// as all jobs), and the `{{x}}` of its legend against what its result carries.
+/// Returns the number of queries and what is wrong, one line each.
+pub fn check_dashboard(json: &str, exported: &Exported) -> anyhow::Result<(usize, Vec<String>)> {
+    let dashboard: serde_json::Value = serde_json::from_str(json)?;
+    let (mut queries, mut problems) = (0, Vec::new());
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        let title = panel["title"]
+            .as_str()
+            .unwrap_or("(a panel without a title)");
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            queries += 1;
+            let expr = target["expr"]
+                .as_str()
+                .unwrap_or_default()
+                .replace("$__rate_interval", "5m")
+                .replace("$__range", "1h")
+                .replace("$job", ".*");
+            let carried = match result_labels(&expr, exported) {
+                Ok(labels) => labels.unwrap_or_default(),
+                Err(error) => {
+                    problems.push(format!("dashboard panel {title:?}: {error}"));
+                    continue;
+                }
+            };
+            let legend = target["legendFormat"].as_str().unwrap_or_default();
+            for label in legend_labels(legend) {
+                if !carried.contains(&label) {
+                    problems.push(format!(
+                        "dashboard panel {title:?}: its legend reads {{{{{label}}}}}, which the query's series do not carry ({carried:?})"
+                    ));
+                }
+            }
+        }
+    }
+    Ok((queries, problems))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +451,52 @@ controller_persistentvolumeclaim_provision_failed_total{class="fast",source=""} 
         refused(
             "wasm_provisioner_leader and on (queue) wasm_provisioner_given_up_total",
             "[\"queue\"]",
+        );
+    }
+
+    #[test]
+    fn a_rule_file_and_a_dashboard_are_checked_alert_by_alert_and_query_by_query() {
+        let exported = exported(EXPOSITION);
+        let rules = r#"
+spec:
+  groups:
+    - name: g
+      rules:
+        - alert: Good
+          expr: increase(wasm_provisioner_given_up_total[15m]) > 0
+          labels: { severity: warning }
+          annotations:
+            summary: "{{ $labels.queue }} ({{ $labels.severity }}, {{ $labels.alertname }})"
+        - alert: ReadsALabelAggregatedAway
+          expr: sum(wasm_provisioner_given_up_total) > 0
+          annotations:
+            summary: "{{ $labels.queue }}"
+        - alert: Typo
+          expr: wasm_provisioner_given_up > 0
+"#;
+        let (alerts, problems) = check_alerts(rules, &exported).unwrap();
+        assert_eq!(alerts, 3);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0]
+                .starts_with("alert ReadsALabelAggregatedAway: its summary reads $labels.queue"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with("alert Typo: selects `wasm_provisioner_given_up`"),
+            "{problems:?}"
+        );
+
+        let dashboard = r#"{"panels": [
+            {"title": "ok", "targets": [{"expr": "sum by (queue) (rate(wasm_provisioner_given_up_total{job=~\"$job\"}[$__rate_interval]))", "legendFormat": "{{queue}}"}]},
+            {"title": "bad legend", "targets": [{"expr": "sum(wasm_provisioner_leader)", "legendFormat": "{{pod}}"}]}
+        ]}"#;
+        let (queries, problems) = check_dashboard(dashboard, &exported).unwrap();
+        assert_eq!(queries, 2);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("dashboard panel \"bad legend\": its legend reads {{pod}}"),
+            "{problems:?}"
         );
     }
 

@@ -743,86 +743,18 @@ async fn exercise(
     let node = format!("node-{}", ctx.namespace);
     claims_scenario(ctx, pod, provisioner, hostpath_class, nfs_class, &node).await?;
 
-    // Every alert and dashboard query against this host's metrics: it parses, selects
-    // only metrics the host exports, names only labels their series carry, and its
-    // annotations (legend) read only labels its result carries.
+    // Every alert and dashboard query against this host's metrics (`promql`).
     let exported = promql::exported(&metrics(pod)?);
-    let mut problems = Vec::new();
-    let rules: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(
-        repo_root().join("deploy/observability/prometheus-rules.yaml"),
-    )?)?;
-    let mut alerts = 0;
-    for rule in rules["spec"]["groups"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .flat_map(|group| group["rules"].as_sequence().into_iter().flatten())
-    {
-        alerts += 1;
-        let name = rule["alert"].as_str().unwrap_or("(a rule without a name)");
-        let expr = rule["expr"].as_str().unwrap_or_default();
-        let mut carried = match promql::result_labels(expr, &exported) {
-            Ok(labels) => labels.unwrap_or_default(),
-            Err(error) => {
-                problems.push(format!("alert {name}: {error}"));
-                continue;
-            }
-        };
-        // An alert's own labels and name are in `$labels` too.
-        carried.insert("alertname".to_string());
-        carried.extend(
-            rule["labels"]
-                .as_mapping()
-                .into_iter()
-                .flatten()
-                .filter_map(|(key, _)| key.as_str().map(String::from)),
-        );
-        for (key, template) in rule["annotations"].as_mapping().into_iter().flatten() {
-            for label in promql::annotation_labels(template.as_str().unwrap_or_default()) {
-                if !carried.contains(&label) {
-                    problems.push(format!(
-                        "alert {name}: annotation {key:?} reads $labels.{label}, which its series do not carry ({carried:?})"
-                    ));
-                }
-            }
-        }
-    }
-    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(
-        repo_root().join("deploy/observability/dashboard.json"),
-    )?)?;
-    let mut queries = 0;
-    for panel in dashboard["panels"].as_array().into_iter().flatten() {
-        let title = panel["title"]
-            .as_str()
-            .unwrap_or("(a panel without a title)");
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            queries += 1;
-            // Grafana's variables, as it substitutes them.
-            let expr = target["expr"]
-                .as_str()
-                .unwrap_or_default()
-                .replace("$__rate_interval", "5m")
-                .replace("$__range", "1h")
-                .replace("$job", ".*");
-            let carried = match promql::result_labels(&expr, &exported) {
-                Ok(labels) => labels.unwrap_or_default(),
-                Err(error) => {
-                    problems.push(format!("dashboard panel {title:?}: {error}"));
-                    continue;
-                }
-            };
-            let legend = target["legendFormat"].as_str().unwrap_or_default();
-            for label in promql::legend_labels(legend) {
-                if !carried.contains(&label) {
-                    problems.push(format!(
-                        "dashboard panel {title:?}: its legend reads {{{{{label}}}}}, which the query's series do not carry ({carried:?})"
-                    ));
-                }
-            }
-        }
-    }
+    let read = |file: &str| std::fs::read_to_string(repo_root().join(file));
+    let (alerts, mut problems) = promql::check_alerts(
+        &read("deploy/observability/prometheus-rules.yaml")?,
+        &exported,
+    )?;
+    let (queries, dashboard_problems) =
+        promql::check_dashboard(&read("deploy/observability/dashboard.json")?, &exported)?;
+    problems.extend(dashboard_problems);
     ensure!(
-        alerts >= 7 && queries >= 20,
+        alerts >= 8 && queries >= 22,
         "read {alerts} alerts and {queries} dashboard queries; the files hold more"
     );
     ensure!(

@@ -73,23 +73,28 @@ fn call_store(
 /// they come in.
 #[derive(Default)]
 struct StuckWatch {
-    /// (the waiter declared the call stuck, the thread returned)
-    state: std::sync::Mutex<(bool, bool)>,
+    state: std::sync::Mutex<StuckState>,
+}
+
+#[derive(Default)]
+struct StuckState {
+    declared_stuck: bool,
+    returned: bool,
 }
 
 impl StuckWatch {
     fn declare(&self, metrics: &Metrics, module: &str) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !state.1 {
-            state.0 = true;
+        if !state.returned {
+            state.declared_stuck = true;
             metrics.record_stuck_call(module);
         }
     }
 
     fn thread_returned(&self, metrics: &Metrics, module: &str) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.1 = true;
-        if state.0 {
+        state.returned = true;
+        if state.declared_stuck {
             metrics.record_stuck_call_ended(module);
         }
     }
