@@ -148,34 +148,44 @@ fn compile_counters(runtime: &Runtime) -> Vec<prometheus::IntCounter> {
 
 /// The calls of each module stuck in a system call past their timeout.
 fn calls_stuck(runtime: &Runtime) -> IntGaugeVec {
-    let family = IntGaugeVec::new(
-        Opts::new(
-            "wasm_provisioner_guest_calls_stuck",
-            "Guest calls running past their timeout, stuck in a system call (a hung filesystem): each holds a thread, an instance and one of the module's maxConcurrentCalls until it returns, by module",
-        ),
-        &["module"],
+    gauge_by_module(
+        "wasm_provisioner_guest_calls_stuck",
+        "Guest calls running past their timeout, stuck in a system call (a hung filesystem): each holds a thread, an instance and one of the module's maxConcurrentCalls until it returns, by module",
+        runtime
+            .metrics()
+            .snapshot()
+            .into_iter()
+            .map(|(module, counters)| {
+                (
+                    module,
+                    i64::try_from(counters.calls_stuck).unwrap_or(i64::MAX),
+                )
+            }),
     )
-    .expect("valid gauge");
-    for (module, counters) in runtime.metrics().snapshot() {
-        family
-            .with_label_values(&[module.as_str()])
-            .set(i64::try_from(counters.calls_stuck).unwrap_or(i64::MAX));
-    }
-    family
 }
 
 /// 1 for each module the grants file names that the modules directory lacks.
 fn grants_without_module(runtime: &Runtime) -> IntGaugeVec {
-    let family = IntGaugeVec::new(
-        Opts::new(
-            "wasm_provisioner_grants_without_module",
-            "1 for each module the grants file names but the modules directory has no file for (a typo?)",
-        ),
-        &["module"],
+    gauge_by_module(
+        "wasm_provisioner_grants_without_module",
+        "1 for each module the grants file names but the modules directory has no file for (a typo?)",
+        runtime
+            .metrics()
+            .grants_without_module()
+            .into_iter()
+            .map(|module| (module, 1)),
     )
-    .expect("valid gauge");
-    for module in runtime.metrics().grants_without_module() {
-        family.with_label_values(&[module.as_str()]).set(1);
+}
+
+/// A gauge family labelled by module, with `values`.
+fn gauge_by_module(
+    name: &str,
+    help: &str,
+    values: impl IntoIterator<Item = (String, i64)>,
+) -> IntGaugeVec {
+    let family = IntGaugeVec::new(Opts::new(name, help), &["module"]).expect("valid gauge");
+    for (module, value) in values {
+        family.with_label_values(&[module.as_str()]).set(value);
     }
     family
 }

@@ -30,51 +30,13 @@ pub const TARGET_LABELS: [&str; 7] = [
 /// The sample names and label names of a Prometheus text exposition.
 pub fn exported(exposition: &str) -> Exported {
     let mut exported = Exported::new();
-    for line in exposition.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let labels = exported.entry(line[..name_end].to_string()).or_default();
-        if line[name_end..].starts_with('{') {
-            labels.extend(label_names(&line[name_end + 1..]));
-        }
+    for sample in crate::load::parse_samples(exposition) {
+        exported
+            .entry(sample.name)
+            .or_default()
+            .extend(sample.labels.into_keys());
     }
     exported
-}
-
-/// The label names of a sample's `name="value",...}` (values may hold escaped quotes,
-/// commas and braces).
-fn label_names(mut rest: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    while let Some(equals) = rest.find('=') {
-        let name = rest[..equals].trim_start_matches([',', ' ']);
-        if name.starts_with('}') {
-            break;
-        }
-        names.push(name.to_string());
-        // Skip the quoted value.
-        let value = &rest[equals + 1..];
-        let mut escaped = false;
-        let mut end = value.len();
-        for (i, c) in value.char_indices().skip(1) {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                _ => {}
-            }
-        }
-        rest = &value[end..];
-        if rest.starts_with('}') {
-            break;
-        }
-    }
-    names
 }
 
 /// Checks `expr` against `exported` and returns the labels its result series carry
