@@ -33,7 +33,7 @@ modules:
   $module:
     ${1:+limits: { memoryBytes: $1 \}}
     directories: [{ host: $s/granted, guest: /volumes, mode: read-write }]
-    volumes: { hostPath: [{ pathPrefix: /var/lib/quota }] }
+    volumes: { hostPath: [{ pathPrefix: /var/lib/quota, directory: /volumes }] }
 Y
 }
 provision() {

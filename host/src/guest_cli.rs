@@ -150,7 +150,9 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
         &args.provisioner_name,
         true,
         &module,
-    ) {
+    )
+    .await
+    {
         Ok(pv) => Ok(serde_yaml::to_string(&pv).expect("a PersistentVolume serializes to YAML")),
         Err(error) => {
             // As the controller does: the backend volume made for nothing is deleted.

@@ -91,6 +91,16 @@ pub enum Error {
         requested: u64,
     },
     #[error(
+        "plugin made volume {volume} with {capacity} bytes but claim {claim} allows at most {allowed} ({why}); the plugin must answer the size it made, within what the claim allows"
+    )]
+    CapacityTooLarge {
+        volume: String,
+        claim: String,
+        capacity: u64,
+        allowed: u64,
+        why: &'static str,
+    },
+    #[error(
         "plugin made volume {volume} as {volume_mode} but claim {claim} asked for {claim_mode}; the plugin must honour the claim's volume mode"
     )]
     VolumeModeMismatch {
@@ -214,6 +224,17 @@ pub fn persistent_volume(
         });
     }
 
+    let (allowed, why) = largest_capacity(&req.claim);
+    if volume.capacity_bytes > allowed {
+        return Err(Error::CapacityTooLarge {
+            volume: name,
+            claim: key,
+            capacity: volume.capacity_bytes,
+            allowed,
+            why,
+        });
+    }
+
     let claim_mode = volume_mode_str(req.claim.volume_mode);
     let volume_mode = volume.volume_mode.map_or(claim_mode, volume_mode_str);
     if volume_mode != claim_mode {
@@ -293,6 +314,31 @@ pub fn persistent_volume(
     })
 }
 
+/// A volume may be this many times its claim's request when the claim sets no limit:
+/// backends round up to their allocation unit (a GiB, a minimum size), and none rounds
+/// up a thousandfold; a bigger figure is a wrong answer (capacity tracking and quota
+/// tools would believe it).
+pub const MAX_CAPACITY_OVER_REQUEST: u64 = 1024;
+
+/// ...and at least this much, so small requests can still round up to a large minimum.
+pub const MIN_CAPACITY_ALLOWED: u64 = 1 << 40;
+
+/// The largest capacity a plugin may answer for `claim`, and why: its `limits.storage`
+/// when set, else [`MAX_CAPACITY_OVER_REQUEST`] times its request (at least
+/// [`MIN_CAPACITY_ALLOWED`]).
+pub fn largest_capacity(claim: &types::Claim) -> (u64, &'static str) {
+    match claim.limit_bytes {
+        Some(limit) => (limit, "its limits.storage"),
+        None => (
+            claim
+                .requested_bytes
+                .saturating_mul(MAX_CAPACITY_OVER_REQUEST)
+                .max(MIN_CAPACITY_ALLOWED),
+            "1024 times its request, at least 1 TiB, as it sets no limits.storage",
+        ),
+    }
+}
+
 /// Why a plugin's answer is not published.
 #[derive(Debug, thiserror::Error)]
 pub enum Unpublishable {
@@ -310,7 +356,7 @@ pub enum Unpublishable {
 /// ([`persistent_volume`]) and with a volume source the module's volume grants allow;
 /// the module version is recorded on it. The controller and the offline runner both
 /// publish through here, so a module author sees a refusal before deploying.
-pub fn publishable_volume(
+pub async fn publishable_volume(
     req: &types::ProvisionRequest,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
@@ -319,6 +365,14 @@ pub fn publishable_volume(
     protection_finalizer: bool,
     module: &LoadedModule,
 ) -> Result<PersistentVolume, Unpublishable> {
+    // The class's mount options are the admin's; only what the module adds is checked.
+    let class_options = class.mount_options.clone().unwrap_or_default();
+    let module_mount_options: Vec<String> = volume
+        .mount_options
+        .iter()
+        .filter(|option| !class_options.contains(option))
+        .cloned()
+        .collect();
     let mut pv = persistent_volume(
         req,
         claim,
@@ -332,10 +386,31 @@ pub fn publishable_volume(
         source,
     })?;
     let spec = pv.spec.clone().unwrap_or_default();
-    module
-        .grants()
-        .volumes
-        .check(module.name(), &req.volume_name, &spec)?;
+    let directory = module.grants().volumes.check(
+        module.name(),
+        &req.volume_name,
+        &spec,
+        &module_mount_options,
+    )?;
+    if let Some(directory) = directory {
+        module
+            .check_volume_directory(&directory)
+            .await
+            .map_err(|reason| SourceRefused {
+                module: module.name().to_string(),
+                volume: req.volume_name.clone(),
+                rule: format!(
+                    "modules.{}.volumes.{}",
+                    module.name(),
+                    if spec.local.is_some() {
+                        "local"
+                    } else {
+                        "hostPath"
+                    }
+                ),
+                reason,
+            })?;
+    }
     record_module(&mut pv, module.name(), module.sha256());
     Ok(pv)
 }

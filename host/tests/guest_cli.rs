@@ -51,7 +51,7 @@ impl Scratch {
                 "allow: {{ directories: [{root}] }}\n\
                  modules:\n  {module}:\n    directories:\n      - {{ host: {granted}, guest: {guest}, mode: read-write }}\n\
                  \x20   volumes:\n\
-                 \x20     hostPath: [{{ pathPrefix: /var/lib/volumes }}]\n\
+                 \x20     hostPath: [{{ pathPrefix: /var/lib/volumes, directory: {guest} }}]\n\
                  \x20     nfs: [{{ server: nfs.example.com, pathPrefix: /srv/nfs }}]\n",
                 root = self.root.path().display(),
                 granted = self.path("granted").display(),
@@ -374,11 +374,26 @@ fn a_source_the_module_was_not_granted_is_refused_and_cleaned_up() {
         "the backend volume the module made must be deleted"
     );
 
-    // The same module, publishing below its granted prefix, is accepted.
+    // The same module, publishing its volume's directory in the granted prefix, is
+    // accepted; anything deeper is not (a tenant's symlink may stand there).
     let class = publish_class(
         &scratch,
         &[
             ("hostPath", "/var/lib/volumes/x"),
+            ("hostPathType", "Directory"),
+        ],
+    );
+    let output = provision(&scratch, &[], &class, &grants);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("is not \"/var/lib/volumes/pvc-"),
+        "stderr:\n{stderr}"
+    );
+    let class = publish_class(
+        &scratch,
+        &[
+            ("hostPath", "/var/lib/volumes/{volume}"),
             ("hostPathType", "Directory"),
         ],
     );

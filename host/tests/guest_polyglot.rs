@@ -51,7 +51,7 @@ impl Scratch {
             &format!(
                 "allow: {{ directories: [{granted}] }}\n\
                  modules:\n  {module}:\n    directories:\n      - {{ host: {granted}, guest: /volumes, mode: read-write }}\n\
-                 \x20   volumes:\n      hostPath: [{{ pathPrefix: /var/lib/quota }}]\n",
+                 \x20   volumes:\n      hostPath: [{{ pathPrefix: /var/lib/quota, directory: /volumes }}]\n",
                 granted = scratch.granted().display(),
             ),
         );

@@ -24,11 +24,23 @@ use crate::host::{Host, HostConfig};
 pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The `volumes` grant of every module [`Fixture::write_grants`] names: the node paths
-/// and NFS server the tests' classes publish (`nodePath` under `/srv` or
-/// `/var/lib/wasm-provisioner`, the echo guest's `/echo/...`, `nfs.example.com`).
+/// the tests' classes publish volumes in (their `nodePath`s, the echo guest's `/echo`),
+/// each standing for the module's `/volumes` grant, and `nfs.example.com`.
 pub const TEST_VOLUME_GRANTS: &str = "    volumes:
-      hostPath: [{ pathPrefix: /srv }, { pathPrefix: /echo }, { pathPrefix: /var/lib/wasm-provisioner }]
-      local: [{ pathPrefix: /srv }, { pathPrefix: /var/lib/wasm-provisioner }]
+      hostPath:
+        - { pathPrefix: /echo, directory: /volumes }
+        - { pathPrefix: /srv/volumes, directory: /volumes }
+        - { pathPrefix: /srv/x, directory: /volumes }
+        - { pathPrefix: /srv/economy, directory: /volumes }
+        - { pathPrefix: /srv/economy-trickle, directory: /volumes }
+        - { pathPrefix: /srv/load, directory: /volumes }
+        - { pathPrefix: /srv/slow, directory: /volumes }
+        - { pathPrefix: /var/lib/wasm-provisioner/hostpath, directory: /volumes }
+        - { pathPrefix: /var/lib/wasm-provisioner/quota, directory: /volumes }
+      local:
+        - { pathPrefix: /srv/volumes, directory: /volumes }
+        - { pathPrefix: /srv/x, directory: /volumes }
+        - { pathPrefix: /var/lib/wasm-provisioner/hostpath, directory: /volumes }
       nfs: [{ server: nfs.example.com, pathPrefix: / }]
 ";
 

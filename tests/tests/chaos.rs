@@ -142,7 +142,7 @@ impl Backend {
                 "allow:\n  directories: [{root}]\nmodules:\n  journal:\n    directories:\n      \
                  - {{ host: {volumes}, guest: /volumes, mode: read-write }}\n      \
                  - {{ host: {journal}, guest: /journal, mode: read-write }}\n    \
-                 limits: {{ timeoutSeconds: 60 }}\n    volumes:\n      hostPath: [{{ pathPrefix: /srv/journal }}]\n",
+                 limits: {{ timeoutSeconds: 60 }}\n    volumes:\n      hostPath: [{{ pathPrefix: /srv/journal, directory: /volumes }}]\n",
                 root = self.root.display(),
                 volumes = self.volumes.display(),
                 journal = journal.display(),

@@ -1,8 +1,12 @@
-//! The attack of issue 9.1 on the real control plane: a module that answers volume
-//! sources it was never granted (`hostPath: /`, the Docker socket, a CSI source naming a
-//! Secret in kube-system, any source through the raw JSON variant). Each must end in a
-//! ProvisioningFailed Event naming the grants rule, no PV, and the backend volume the
-//! module made deleted again through its own `delete`; a granted source still binds.
+//! Hostile answers on the real control plane: a module that answers volume sources it
+//! was never granted (`hostPath: /`, the Docker socket, a CSI source naming a Secret in
+//! kube-system, any source through the raw JSON variant, a path inside a tenant's
+//! volume where the tenant put a symlink to `/`, a node device as a Block volume, mount
+//! options that send the node's mount elsewhere, a node keyring, an ungranted flex
+//! driver). Each must end in a ProvisioningFailed Event naming the grants rule, no PV,
+//! and the backend volume the module made deleted again through its own `delete`; a
+//! granted source still binds. A module that moves a tenant's symlink up to where
+//! volumes are published is refused by the sandbox itself.
 
 use std::path::Path;
 
@@ -24,8 +28,11 @@ modules:
   publish:
     directories: [{{ host: {publish}, guest: /volumes, mode: read-write }}]
     volumes:
-      hostPath: [{{ pathPrefix: /srv/publish }}]
+      hostPath: [{{ pathPrefix: /srv/publish, directory: /volumes, mountOptions: [noatime] }}]
+      local: [{{ pathPrefix: /srv/publish, directory: /volumes }}]
+      nfs: [{{ server: nfs.example.com, pathPrefix: /exports, mountOptions: [nfsvers=4.1, rsize=*] }}]
       csi: [{{ driver: csi.example.com, secrets: [storage/publish-creds] }}]
+      other: {{ rbd: {{}}, flexVolume: {{ drivers: [example.com/lvm] }} }}
   nogrants:
     directories: [{{ host: {nogrants}, guest: /volumes, mode: read-write }}]
 "#,
@@ -42,6 +49,8 @@ struct Attack {
     claim: &'static str,
     module: &'static str,
     parameters: Vec<(&'static str, String)>,
+    /// Merged into the claim (a Block volume mode).
+    claim_extra: serde_json::Value,
     rule: &'static str,
 }
 
@@ -51,9 +60,85 @@ fn attacks() -> Vec<Attack> {
             "nodePublishSecretRef": {"namespace": namespace, "name": name}}})
         .to_string()
     };
+    let attack = |claim, module, parameters: Vec<(&'static str, String)>, rule| Attack {
+        claim,
+        module,
+        parameters,
+        claim_extra: json!({}),
+        rule,
+    };
     vec![
+        // A tenant's pod wrote `escape -> /` inside its own volume; the module answers it.
+        attack(
+            "tenant-symlink",
+            "publish",
+            vec![
+                ("hostPath", "/srv/publish/pvc-tenant/escape".into()),
+                ("hostPathType", "Directory".into()),
+            ],
+            "modules.publish.volumes.hostPath",
+        ),
+        // A raw node disk: a local volume in Block mode (a link to /dev/sda would do).
+        Attack {
+            claim: "block-device",
+            module: "publish",
+            parameters: vec![
+                ("local", "/srv/publish/{volume}".into()),
+                ("onNode", "node-1".into()),
+            ],
+            claim_extra: json!({"spec": {"volumeMode": "Block"}}),
+            rule: "modules.publish.volumes.local",
+        },
+        // The node's NFS mount request sent to a host no grant named.
+        attack(
+            "mount-elsewhere",
+            "publish",
+            vec![
+                ("nfsServer", "nfs.example.com".into()),
+                ("nfsPath", "/exports/a".into()),
+                (
+                    "mountOptions",
+                    "vers=3,mountaddr=203.0.113.9,mountport=635".into(),
+                ),
+            ],
+            "modules.publish.volumes.nfs.mountOptions",
+        ),
+        attack(
+            "selinux-context",
+            "publish",
+            vec![
+                ("hostPath", "/srv/publish/{volume}".into()),
+                ("hostPathType", "DirectoryOrCreate".into()),
+                (
+                    "mountOptions",
+                    "context=system_u:object_r:container_file_t:s0".into(),
+                ),
+            ],
+            "modules.publish.volumes.hostPath.mountOptions",
+        ),
+        attack(
+            "admin-keyring",
+            "publish",
+            vec![(
+                "json",
+                json!({"rbd": {"monitors": ["10.0.0.1:6789"], "image": "i",
+                    "keyring": "/etc/ceph/ceph.client.admin.keyring"}})
+                .to_string(),
+            )],
+            "modules.publish.volumes.other.rbd.secrets",
+        ),
+        attack(
+            "flex-driver",
+            "publish",
+            vec![(
+                "json",
+                json!({"flexVolume": {"driver": "example.com/root-shell"}}).to_string(),
+            )],
+            "modules.publish.volumes.other.flexVolume.drivers",
+        ),
         Attack {
             claim: "root",
+            claim_extra: json!({}),
             module: "publish",
             parameters: vec![
                 ("hostPath", "/".into()),
@@ -62,12 +147,14 @@ fn attacks() -> Vec<Attack> {
             rule: "modules.publish.volumes.hostPath",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "docker-socket",
             module: "publish",
             parameters: vec![("hostPath", "/var/run/docker.sock".into())],
             rule: "modules.publish.volumes.hostPath",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "climb",
             module: "publish",
             parameters: vec![
@@ -77,27 +164,31 @@ fn attacks() -> Vec<Attack> {
             rule: "modules.publish.volumes.hostPath",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "socket-type",
             module: "publish",
             parameters: vec![
-                ("hostPath", "/srv/publish/sock".into()),
+                ("hostPath", "/srv/publish/{volume}".into()),
                 ("hostPathType", "Socket".into()),
             ],
             rule: "modules.publish.volumes.hostPath.types",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "kube-system-secret",
             module: "publish",
             parameters: vec![("json", csi_secret("kube-system", "admin-token"))],
             rule: "modules.publish.volumes.csi.secrets",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "other-driver",
             module: "publish",
             parameters: vec![("csiDriver", "evil.example.com".into())],
             rule: "modules.publish.volumes.csi",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "raw-json",
             module: "publish",
             parameters: vec![(
@@ -107,6 +198,7 @@ fn attacks() -> Vec<Attack> {
             rule: "modules.publish.volumes.other.cephfs",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "no-grants",
             module: "nogrants",
             parameters: vec![
@@ -116,6 +208,7 @@ fn attacks() -> Vec<Attack> {
             rule: "modules.nogrants.volumes.hostPath",
         },
         Attack {
+            claim_extra: json!({}),
             claim: "no-grants-nfs",
             module: "nogrants",
             parameters: vec![("nfsServer", "10.0.0.9".into())],
@@ -139,16 +232,34 @@ async fn run(fx: &mut Fixture) -> anyhow::Result<()> {
         .class(
             "publish",
             &[
-                ("hostPath", "/srv/publish/granted"),
+                ("hostPath", "/srv/publish/{volume}"),
                 ("hostPathType", "DirectoryOrCreate"),
+                ("mountOptions", "noatime"),
             ],
             json!({}),
         )
         .await?;
-    fx.claim("granted", &class, "1Mi", json!({})).await?;
+    let claim = fx.claim("granted", &class, "1Mi", json!({})).await?;
     let pv = fx.wait_bound("granted").await?;
-    let host_path = pv.spec.and_then(|s| s.host_path).context("a hostPath PV")?;
-    ensure!(host_path.path == "/srv/publish/granted");
+    let spec = pv.spec.context("a PV spec")?;
+    let host_path = spec.host_path.context("a hostPath PV")?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    ensure!(host_path.path == format!("/srv/publish/pvc-{uid}"));
+    ensure!(spec.mount_options == Some(vec!["noatime".to_string()]));
+    // A granted NFS mount option, with any value where the grant says `rsize=*`.
+    let class = fx
+        .class(
+            "publish",
+            &[
+                ("nfsServer", "nfs.example.com"),
+                ("nfsPath", "/exports/b"),
+                ("mountOptions", "nfsvers=4.1,rsize=1048576"),
+            ],
+            json!({}),
+        )
+        .await?;
+    fx.claim("granted-nfs", &class, "1Mi", json!({})).await?;
+    fx.wait_bound("granted-nfs").await?;
     // With a secret the grant names, a CSI source is published too.
     let class = fx
         .class(
@@ -173,7 +284,9 @@ async fn run(fx: &mut Fixture) -> anyhow::Result<()> {
             .map(|(k, v)| (*k, v.as_str()))
             .collect();
         let class = fx.class(attack.module, &parameters, json!({})).await?;
-        let claim = fx.claim(attack.claim, &class, "1Mi", json!({})).await?;
+        let claim = fx
+            .claim(attack.claim, &class, "1Mi", attack.claim_extra.clone())
+            .await?;
         let volume = format!("pvc-{}", claim.metadata.uid.clone().unwrap_or_default());
         claims.push((attack, volume));
     }
@@ -242,10 +355,121 @@ async fn run(fx: &mut Fixture) -> anyhow::Result<()> {
     let mut published = published;
     published.sort();
     ensure!(
-        published == ["granted", "granted-secret"],
+        published == ["granted", "granted-nfs", "granted-secret"],
         "only the granted claims may have PVs, found {published:?}"
     );
     Ok(())
+}
+
+/// A tenant's pod wrote `escape -> /` inside its own volume (here `pvc-tenant`, made by
+/// the test as the node would hold it). A module cannot create symlinks, but it can try
+/// to rename or hard-link the tenant's one up to `<grant>/<pv name>`, which it then
+/// publishes as `<pathPrefix>/<pv name>`, a normal-looking path kubelet would follow to
+/// the node's `/`. The sandbox refuses both moves; the symlink stays where the tenant
+/// put it and nothing is published.
+#[tokio::test]
+async fn a_tenant_s_symlink_cannot_be_moved_to_where_volumes_are_published() {
+    let mut fx = Fixture::new("publish-rename").await.expect("a fixture");
+    let result: anyhow::Result<()> = async {
+        write_grants(&fx)?;
+        let tenant = fx.module_data("publish").join("pvc-tenant");
+        std::fs::create_dir_all(&tenant)?;
+        std::os::unix::fs::symlink("/", tenant.join("escape"))?;
+        std::os::unix::fs::symlink("/dev/sda", tenant.join("disk"))?;
+        fx.install_module("test-publish", "publish");
+        let host = fx.host(&[]);
+        let attacks = [
+            (
+                "renamed",
+                "renameFrom",
+                "pvc-tenant/escape",
+                "hostPath",
+                "renaming",
+            ),
+            (
+                "linked",
+                "linkFrom",
+                "pvc-tenant/escape",
+                "hostPath",
+                "linking",
+            ),
+            (
+                "renamed-disk",
+                "renameFrom",
+                "pvc-tenant/disk",
+                "local",
+                "renaming",
+            ),
+        ];
+        let mut volumes = Vec::new();
+        for (claim, how, from, kind, _) in attacks {
+            let class = fx
+                .class(
+                    "publish",
+                    &[
+                        (how, from),
+                        (kind, "/srv/publish/{volume}"),
+                        ("hostPathType", "Directory"),
+                    ],
+                    json!({}),
+                )
+                .await?;
+            let created = fx.claim(claim, &class, "1Mi", json!({})).await?;
+            volumes.push(format!("pvc-{}", created.metadata.uid.unwrap_or_default()));
+        }
+        for ((claim, _, from, _, verb), volume) in attacks.iter().zip(&volumes) {
+            let note = wait_for(
+                &format!("{claim}: the module's move refused by the sandbox"),
+                WAIT,
+                || async {
+                    let events = fx.events(&fx.ctx.namespace, claim).await?;
+                    Ok(events
+                        .into_iter()
+                        .find(|(reason, note)| {
+                            reason == "ProvisioningFailed" && note.contains("publish: ")
+                        })
+                        .map(|(_, note)| note))
+                },
+            )
+            .await
+            .with_context(|| host.log_text())?;
+            ensure!(
+                note.contains(&format!("{verb} {from} to {volume}: not-permitted")),
+                "{claim}: the sandbox must refuse the move: {note}"
+            );
+            ensure!(
+                fx.volumes().get_opt(volume).await?.is_none(),
+                "{claim}: {volume} was published"
+            );
+            ensure!(
+                std::fs::symlink_metadata(backend_dir(&fx, "publish", volume))
+                    .map(|m| !m.file_type().is_symlink())
+                    .unwrap_or(true),
+                "{claim}: a symlink now stands where the volume's directory is published"
+            );
+        }
+        ensure!(
+            std::fs::symlink_metadata(tenant.join("escape"))?
+                .file_type()
+                .is_symlink()
+        );
+        ensure!(
+            std::fs::symlink_metadata(tenant.join("disk"))?
+                .file_type()
+                .is_symlink()
+        );
+        ensure!(
+            host.log_text()
+                .contains("nothing may be moved or linked into the top level"),
+            "the refusal is logged for the module's author"
+        );
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => fx.cleanup().await,
+        Err(error) => panic!("{error:?}"),
+    }
 }
 
 #[tokio::test]
@@ -271,7 +495,7 @@ async fn an_answer_that_cannot_be_published_is_cleaned_up_at_once() {
             .class(
                 "publish",
                 &[
-                    ("hostPath", "/srv/publish/small"),
+                    ("hostPath", "/srv/publish/{volume}"),
                     ("hostPathType", "Directory"),
                     ("capacityBytes", "1"),
                 ],
@@ -297,6 +521,30 @@ async fn an_answer_that_cannot_be_published_is_cleaned_up_at_once() {
         fx.wait_claim("small", "gone", |claim| claim.is_none())
             .await
             .with_context(|| host.log_text())?;
+        ensure!(fx.volumes().get_opt(&volume).await?.is_none());
+
+        // A capacity no claim allows (u64::MAX bytes for 1Mi, no limit) is no PV either.
+        let class = fx
+            .class(
+                "publish",
+                &[
+                    ("hostPath", "/srv/publish/{volume}"),
+                    ("hostPathType", "Directory"),
+                    ("capacityBytes", "18446744073709551615"),
+                ],
+                json!({}),
+            )
+            .await?;
+        let claim = fx.claim("huge", &class, "1Mi", json!({})).await?;
+        let volume = format!("pvc-{}", claim.metadata.uid.clone().unwrap_or_default());
+        let note = fx
+            .wait_claim_event("huge", "ProvisioningFailed")
+            .await
+            .with_context(|| host.log_text())?;
+        ensure!(
+            note.contains("allows at most") && note.contains("the backend volume was deleted"),
+            "{note}"
+        );
         ensure!(fx.volumes().get_opt(&volume).await?.is_none());
         Ok(())
     }

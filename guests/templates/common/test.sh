@@ -23,7 +23,7 @@ modules:
   {{name}}:
     directories: [{ host: $scratch/volumes, guest: /volumes, mode: read-write }]
     volumes:
-      hostPath: [{ pathPrefix: /var/lib/{{name}} }]
+      hostPath: [{ pathPrefix: /var/lib/{{name}}, directory: /volumes }]
 GRANTS
 # One compile per run (a Python or JavaScript component takes seconds):
 # WASM_PROVISIONER_CACHE_DIR keeps it between runs too.

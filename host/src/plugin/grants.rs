@@ -359,9 +359,10 @@ impl GrantsFile {
                 });
             }
 
-            let volumes = module
-                .volumes
-                .validate(&format!("{at}.volumes"), &mut problems);
+            let volumes =
+                module
+                    .volumes
+                    .validate(&format!("{at}.volumes"), &directories, &mut problems);
             modules.insert(
                 name,
                 ModuleGrants {
@@ -764,8 +765,12 @@ modules:
     fn volume_grants_are_parsed_and_validated_per_module() {
         let grants = parse(
             r#"
+allow: { directories: [/var/lib/wasm-provisioner, /mnt/disks] }
 modules:
   hostpath:
+    directories:
+      - { host: /var/lib/wasm-provisioner/hostpath, guest: /volumes, mode: read-write }
+      - { host: /mnt/disks, guest: /disks, mode: read-write }
     volumes:
       hostPath: [{ pathPrefix: /var/lib/wasm-provisioner/hostpath }]
       local: [{ pathPrefix: /mnt/disks }]
@@ -778,6 +783,7 @@ modules:
             ["Directory", "DirectoryOrCreate"]
         );
         assert_eq!(volumes.local[0].path_prefix, "/mnt/disks");
+        assert_eq!(volumes.local[0].directory, "/disks");
         assert!(grants.for_module("unlisted").volumes.is_empty());
         let message = problems(
             "modules: { m: { volumes: { hostPath: [{ pathPrefix: /, types: [Socket] }], nfs: [{ server: x, pathPrefix: rel }], other: { cephfs: { secrets: [bad] } } } } }",

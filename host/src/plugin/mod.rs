@@ -11,13 +11,14 @@
 //!
 //! One module per capability handed to guests: [`log`] (the `log` import, stdout and
 //! stderr), [`http`] (outbound `wasi:http`), the filesystem through preopens in
-//! [`sandbox`].
+//! [`sandbox`], with the links and moves it refuses in [`fs_rules`].
 
 mod answer;
 pub mod bindings;
 pub mod cache;
 pub mod engine;
 pub mod error;
+mod fs_rules;
 pub mod grants;
 mod http;
 pub mod limits;
@@ -41,7 +42,7 @@ pub use module_file::DEFAULT_MAX_MODULE_BYTES;
 pub use preopen::{GrantDirectoryError, GrantDirectoryProblem};
 pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
 pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError};
-pub use volume_grants::{SourceRefused, VolumeGrants};
+pub use volume_grants::{SourceRefused, VolumeDirectory, VolumeGrants};
 
 /// Most characters of a module name.
 pub const MAX_MODULE_NAME: usize = 63;

@@ -24,6 +24,7 @@ use super::limits::{Limits, MAX_LIFT_BYTES};
 use super::metrics::Metrics;
 use super::preopen::ModuleDirectories;
 use super::sandbox::{DeadlineExceeded, GuestState, Sandbox};
+use super::volume_grants::VolumeDirectory;
 
 /// Hex digits of the sha256 used as a module's short version in logs and errors.
 pub const VERSION_DIGITS: usize = 12;
@@ -223,6 +224,24 @@ impl LoadedModule {
 
     pub fn grants(&self) -> &ModuleGrants {
         &self.sandbox.grants
+    }
+
+    /// Checks, through the host's own open handle of the module's directory grant, that
+    /// a hostPath or local volume about to be published is a directory and no symlink
+    /// (or does not exist yet). Off the async threads, within the module's timeout: the
+    /// grant may be on a hung filesystem.
+    pub async fn check_volume_directory(&self, volume: &VolumeDirectory) -> Result<(), String> {
+        let sandbox = self.sandbox.clone();
+        let volume = volume.clone();
+        let timeout = self.limits().timeout;
+        let check = tokio::task::spawn_blocking(move || sandbox.check_volume_directory(&volume));
+        match tokio::time::timeout(timeout, check).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(error)) => Err(format!("checking the volume's directory failed: {error}")),
+            Err(_) => Err(format!(
+                "checking the volume's directory did not finish within {timeout:?} (a hung filesystem?)"
+            )),
+        }
     }
 
     pub fn loaded_at(&self) -> SystemTime {

@@ -38,6 +38,7 @@ use wasmtime_wasi::filesystem::WasiFilesystemCtx;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use super::grants::{DirectoryGrant, DirectoryMode, Grants};
+use super::volume_grants::VolumeDirectory;
 
 /// Why a granted directory cannot be handed to a module.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -101,8 +102,8 @@ impl GrantedDirectories {
                 opened: Mutex::new(None),
             };
             match directories.open_all() {
-                Ok(filesystem) => {
-                    *directories.lock() = Some(filesystem);
+                Ok(open) => {
+                    *directories.lock() = Some(open);
                 }
                 Err(error) if matches!(*error.reason, GrantDirectoryProblem::Missing { .. }) => {
                     tracing::warn!("{error}")
@@ -116,7 +117,10 @@ impl GrantedDirectories {
             none: Arc::new(ModuleDirectories {
                 module: String::new(),
                 grants: Vec::new(),
-                opened: Mutex::new(Some(WasiFilesystemCtx::default())),
+                opened: Mutex::new(Some(Opened {
+                    filesystem: WasiFilesystemCtx::default(),
+                    roots: GrantRoots::default(),
+                })),
             }),
         })
     }
@@ -132,7 +136,64 @@ pub(crate) struct ModuleDirectories {
     module: String,
     grants: Vec<DirectoryGrant>,
     /// The preopens, once every granted directory was opened.
-    opened: Mutex<Option<WasiFilesystemCtx>>,
+    opened: Mutex<Option<Opened>>,
+}
+
+/// A module's granted directories once all are open.
+#[derive(Clone)]
+pub(crate) struct Opened {
+    /// What a call's `WasiCtx` gets: the preopens.
+    pub(crate) filesystem: WasiFilesystemCtx,
+    /// Each grant's root: what the sandbox's rename and link rules and the publish
+    /// check compare with.
+    pub(crate) roots: GrantRoots,
+}
+
+/// The granted directories of one module, by guest path: the open handle and the
+/// identity (device, inode) of each.
+#[derive(Clone, Default)]
+pub(crate) struct GrantRoots {
+    roots: Arc<BTreeMap<String, (Arc<OwnedFd>, FileId)>>,
+}
+
+/// A directory's identity: device and inode.
+pub(crate) type FileId = (u64, u64);
+
+impl GrantRoots {
+    /// Whether `id` is the root of one of the grants.
+    pub(crate) fn is_root(&self, id: FileId) -> bool {
+        self.roots.values().any(|(_, root)| *root == id)
+    }
+
+    /// The open root of the grant the guest sees at `guest`.
+    pub(crate) fn handle(&self, guest: &str) -> Option<&OwnedFd> {
+        self.roots.get(guest).map(|(fd, _)| fd.as_ref())
+    }
+}
+
+#[cfg(test)]
+impl GrantRoots {
+    /// The grants rooted at `dirs` (guest paths `/0`, `/1`, ...).
+    pub(crate) fn for_tests(dirs: &[&Path]) -> Self {
+        let roots = dirs
+            .iter()
+            .enumerate()
+            .map(|(i, dir)| {
+                let fd = open_without_symlinks(dir).expect("a test directory");
+                let id = file_id(&fd).expect("fstat");
+                (format!("/{i}"), (Arc::new(fd), id))
+            })
+            .collect();
+        GrantRoots {
+            roots: Arc::new(roots),
+        }
+    }
+}
+
+/// The identity of an open file.
+pub(crate) fn file_id(fd: impl AsFd) -> Result<FileId, Errno> {
+    let stat = rustix::fs::fstat(fd)?;
+    Ok((stat.st_dev, stat.st_ino))
 }
 
 impl std::fmt::Debug for ModuleDirectories {
@@ -148,25 +209,54 @@ impl std::fmt::Debug for ModuleDirectories {
 impl ModuleDirectories {
     /// The preopens of one call: the handles opened at start (or, if a directory was
     /// missing then, at the first call that found them all).
-    pub(crate) fn filesystem(&self) -> Result<WasiFilesystemCtx, GrantDirectoryError> {
+    pub(crate) fn opened(&self) -> Result<Opened, GrantDirectoryError> {
         let mut opened = self.lock();
-        if let Some(filesystem) = &*opened {
-            return Ok(filesystem.clone());
+        if let Some(open) = &*opened {
+            return Ok(open.clone());
         }
-        let filesystem = self.open_all()?;
+        let open = self.open_all()?;
         tracing::info!(
             module = %self.module,
             "every granted directory now exists and is open; the module's calls can run"
         );
-        *opened = Some(filesystem.clone());
-        Ok(filesystem)
+        *opened = Some(open.clone());
+        Ok(open)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<WasiFilesystemCtx>> {
+    /// Whether `volume.name` in the grant the guest sees at `volume.directory` may be
+    /// published as a node path: a directory (or nothing yet, for kubelet to create),
+    /// never a symlink or another kind of file. Looked up relative to the handle opened
+    /// at start, without following anything.
+    pub(crate) fn check_volume_directory(&self, volume: &VolumeDirectory) -> Result<(), String> {
+        let opened = self.opened().map_err(|error| error.to_string())?;
+        let handle = opened.roots.handle(&volume.directory).ok_or_else(|| {
+            format!(
+                "the module has no directory grant at {} to check it in",
+                volume.directory
+            )
+        })?;
+        let at = format!("{}/{}", volume.directory, volume.name);
+        match rustix::fs::statat(handle, volume.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                FileType::Directory => Ok(()),
+                FileType::Symlink => Err(format!(
+                    "its directory ({at} as the module sees it) is a symlink, which kubelet would follow on the node"
+                )),
+                other => Err(format!(
+                    "its directory ({at} as the module sees it) is not a directory but a {other:?}"
+                )),
+            },
+            Err(Errno::NOENT) => Ok(()),
+            Err(errno) => Err(format!("cannot check its directory ({at}): {errno}")),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Opened>> {
         self.opened.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn open_all(&self) -> Result<WasiFilesystemCtx, GrantDirectoryError> {
+    fn open_all(&self) -> Result<Opened, GrantDirectoryError> {
+        let mut roots = BTreeMap::new();
         let mut builder = WasiCtxBuilder::new();
         // A call runs on a blocking thread of its own (`LoadedModule::invoke`), so its
         // filesystem operations run inline there instead of each handing off to
@@ -193,10 +283,20 @@ impl ModuleDirectories {
                         cause: format!("{e:#}"),
                     })
                 })?;
-            // wasmtime holds its own handle now; ours can go.
-            drop(directory);
+            let id = file_id(&directory).map_err(|errno| {
+                error(GrantDirectoryProblem::Open {
+                    at: grant.host.clone(),
+                    errno,
+                })
+            })?;
+            roots.insert(grant.guest.clone(), (Arc::new(directory), id));
         }
-        Ok(builder.build().filesystem().clone())
+        Ok(Opened {
+            filesystem: builder.build().filesystem().clone(),
+            roots: GrantRoots {
+                roots: Arc::new(roots),
+            },
+        })
     }
 }
 
@@ -310,6 +410,53 @@ mod tests {
     }
 
     #[test]
+    fn a_symlink_or_a_file_is_never_published_as_a_volume_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let granted = root.path().join("volumes");
+        std::fs::create_dir_all(granted.join("pvc-dir")).unwrap();
+        std::os::unix::fs::symlink("/", granted.join("pvc-link")).unwrap();
+        std::os::unix::fs::symlink("pvc-dir", granted.join("pvc-relative")).unwrap();
+        std::fs::write(granted.join("pvc-file"), b"x").unwrap();
+        let directories = ModuleDirectories {
+            module: "m".into(),
+            grants: vec![DirectoryGrant {
+                host: granted.clone(),
+                guest: "/volumes".into(),
+                mode: DirectoryMode::ReadWrite,
+            }],
+            opened: Mutex::new(None),
+        };
+        let check = |name: &str| {
+            directories.check_volume_directory(&VolumeDirectory {
+                directory: "/volumes".into(),
+                name: name.into(),
+            })
+        };
+        check("pvc-dir").unwrap();
+        // Not there yet: kubelet makes a DirectoryOrCreate, and nothing can put a link
+        // there later (see fs_rules).
+        check("pvc-new").unwrap();
+        for name in ["pvc-link", "pvc-relative"] {
+            let error = check(name).unwrap_err();
+            assert!(error.contains("is a symlink"), "{name}: {error}");
+        }
+        assert!(check("pvc-file").unwrap_err().contains("not a directory"));
+        // The grant's path renamed away and replaced by a link to `/` after start
+        // changes nothing: the check goes through the handle opened at start.
+        std::fs::rename(&granted, root.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink("/", &granted).unwrap();
+        check("pvc-dir").unwrap();
+        assert!(check("pvc-link").is_err());
+        let error = directories
+            .check_volume_directory(&VolumeDirectory {
+                directory: "/other".into(),
+                name: "pvc-dir".into(),
+            })
+            .unwrap_err();
+        assert!(error.contains("no directory grant at /other"), "{error}");
+    }
+
+    #[test]
     fn a_missing_directory_is_used_once_it_exists() {
         let root = tempfile::tempdir().unwrap();
         let granted = root.path().join("later");
@@ -322,10 +469,10 @@ mod tests {
             }],
             opened: Mutex::new(None),
         };
-        let error = directories.filesystem().err().unwrap();
+        let error = directories.opened().err().unwrap();
         assert!(error.to_string().contains("does not exist"), "{error}");
         std::fs::create_dir(&granted).unwrap();
-        directories.filesystem().unwrap();
+        directories.opened().unwrap();
         assert!(directories.lock().is_some());
     }
 }

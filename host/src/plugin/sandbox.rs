@@ -19,7 +19,8 @@ use super::grants::ModuleGrants;
 use super::http::OutboundHttp;
 use super::limits::MemoryLimiter;
 use super::log::{CallTag, GuestLog};
-use super::preopen::ModuleDirectories;
+use super::preopen::{GrantRoots, ModuleDirectories};
+use super::volume_grants::VolumeDirectory;
 
 /// The data of a call's `Store`.
 pub(crate) struct GuestState {
@@ -29,6 +30,24 @@ pub(crate) struct GuestState {
     http_hooks: OutboundHttp,
     pub(crate) limiter: MemoryLimiter,
     pub(crate) log: GuestLog,
+    /// The module's granted directories, for the rename and link rules.
+    grant_roots: GrantRoots,
+}
+
+impl GuestState {
+    pub(crate) fn table(&self) -> &ResourceTable {
+        &self.table
+    }
+
+    pub(crate) fn grant_roots(&self) -> &GrantRoots {
+        &self.grant_roots
+    }
+
+    /// Says in the call's log (within its budget) why the sandbox refused an operation.
+    pub(crate) fn log_refusal(&self, message: &str) {
+        self.log
+            .log(wit_log::Level::Warn, &format!("sandbox: {message}"), &[]);
+    }
 }
 
 impl WasiView for GuestState {
@@ -78,33 +97,8 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     Provisioner::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |state| state)?;
-    deny_symlink_creation(&mut linker)?;
+    super::fs_rules::add_to_linker(&mut linker)?;
     Ok(linker)
-}
-
-/// The WASI filesystem interface version wasmtime-wasi 48 provides (guests importing
-/// any 0.2.x version are matched to it).
-const WASI_FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
-
-/// Replaces `descriptor.symlink-at` with one that always answers `not-permitted`.
-/// WASI lets a guest create a symlink with any relative target inside a writable grant;
-/// the sandbox never follows it, but other readers of the same directory do: kubelet
-/// mounting a hostPath the module published (`pvc-x -> ../../..` is the node's `/`), the
-/// host opening a grant below it, a backup job. A provisioner has no need for symlinks.
-fn deny_symlink_creation(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
-    use wasmtime::component::Resource;
-    use wasmtime_wasi::filesystem::Descriptor;
-    use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
-
-    linker.allow_shadowing(true);
-    linker.instance(WASI_FILESYSTEM_TYPES)?.func_wrap_async(
-        "[method]descriptor.symlink-at",
-        |_store, (_dir, _target, _link): (Resource<Descriptor>, String, String)| {
-            Box::new(async { Ok((Err::<(), ErrorCode>(ErrorCode::NotPermitted),)) })
-        },
-    )?;
-    linker.allow_shadowing(false);
-    Ok(())
 }
 
 /// What a module version's calls are sandboxed with.
@@ -135,6 +129,11 @@ impl Sandbox {
         }
     }
 
+    /// See [`ModuleDirectories::check_volume_directory`].
+    pub(crate) fn check_volume_directory(&self, volume: &VolumeDirectory) -> Result<(), String> {
+        self.directories.check_volume_directory(volume)
+    }
+
     /// A fresh store for one call, its deadline already running.
     pub(crate) fn store(
         &self,
@@ -157,10 +156,11 @@ impl Sandbox {
             .allow_ip_name_lookup(false);
         let mut wasi = wasi.build();
         // The preopens: clones of the handles opened at start (no path lookup here).
-        *wasi.filesystem() = self
+        let opened = self
             .directories
-            .filesystem()
+            .opened()
             .map_err(|error| error.to_string())?;
+        *wasi.filesystem() = opened.filesystem;
         let state = GuestState {
             wasi,
             table: ResourceTable::new(),
@@ -172,6 +172,7 @@ impl Sandbox {
             },
             limiter: MemoryLimiter::new(limits.memory_bytes),
             log,
+            grant_roots: opened.roots,
         };
         let mut store = Store::new(engine, state);
         store.limiter(|state| &mut state.limiter);

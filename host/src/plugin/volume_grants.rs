@@ -24,10 +24,18 @@
 //! ```
 //!
 //! Rules. Paths are compared after checking they are absolute and already normal (no
-//! `.`, `..` or empty components): a hostPath or local path must lie strictly below a
-//! granted prefix (the prefix itself would hand one claim every volume), an NFS path at
-//! or below one on the granted server; a hostPath `type` must be set and one of the
-//! grant's directory kinds. Every secret reference anywhere in the source (all CSI
+//! `.`, `..` or empty components). A hostPath or local path must be exactly
+//! `<granted pathPrefix>/<pv name>`: the prefix is the node path of one of the module's
+//! directory grants (its `directory`), whose top level only the module writes, never a
+//! tenant, and where the sandbox lets no symlink appear (see `fs_rules`); the host then
+//! checks through its own handle of that grant that `<pv name>` is no symlink
+//! ([`VolumeDirectory`]). A deeper path would lie inside some volume, where a tenant
+//! may put a symlink to the node's `/` at any time. hostPath and local volumes are
+//! filesystem volumes (`volumeMode: Block` would hand out a node device). An NFS path
+//! lies at or below a granted prefix on the granted server; a hostPath `type` must be
+//! set and one of the grant's directory kinds. Mount options the module adds (beyond
+//! the class's, which the admin wrote) must each be listed by the grant's
+//! `mountOptions` (`name=*` allows any value of `name`), default none. Every secret reference anywhere in the source (all CSI
 //! `*SecretRef`s, `secretRef` of iSCSI and the other kinds, azureFile's `secretName`)
 //! must name a namespace and be listed, as `namespace/name`, by the grant that allowed
 //! the source; a field that looks like a secret but is not a known reference is refused.
@@ -41,6 +49,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeSpec;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::grants::DirectoryGrant;
 use crate::volume::SOURCE_KEYS;
 
 /// hostPath types a grant may allow: the directory kinds. `""` (no check), `File`,
@@ -64,12 +73,25 @@ impl fmt::Display for SecretName {
     }
 }
 
-/// hostPath or local: a node directory below which volumes may be published.
+/// hostPath or local: the node directory whose entries `<pv name>` may be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathGrant {
     pub path_prefix: String,
     /// hostPath types allowed (a subset of [`DIRECTORY_TYPES`]); unused for local.
     pub types: Vec<String>,
+    /// The guest path of the module's directory grant that is this node directory as
+    /// the host sees it: where the host checks each published volume.
+    pub directory: String,
+    pub mount_options: Vec<String>,
+}
+
+/// A published hostPath or local volume's directory, for the host to check in the
+/// module's directory grant `directory` (a guest path) before publishing: `name` must
+/// not be a symlink or anything but a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeDirectory {
+    pub directory: String,
+    pub name: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,12 +99,14 @@ pub struct NfsGrant {
     /// Lowercase server name or address.
     pub server: String,
     pub path_prefix: String,
+    pub mount_options: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsiGrant {
     pub driver: String,
     pub secrets: Vec<SecretName>,
+    pub mount_options: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,12 +114,21 @@ pub struct IscsiGrant {
     /// `host:port` portals; the target portal and every extra portal must be listed.
     pub portals: Vec<String>,
     pub secrets: Vec<SecretName>,
+    pub mount_options: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OtherGrant {
     pub secrets: Vec<SecretName>,
+    /// For a kind that names a driver (`flexVolume`): the drivers allowed; such a kind
+    /// cannot be granted without them.
+    pub drivers: Vec<String>,
+    pub mount_options: Vec<String>,
 }
+
+/// Source kinds whose `driver` field picks node code to run: granting the kind must
+/// name the drivers.
+const DRIVER_KINDS: [&str; 1] = ["flexVolume"];
 
 /// Everything a module may publish. The default publishes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -125,13 +158,17 @@ pub struct SourceRefused {
 
 impl VolumeGrants {
     /// Checks the volume source of `spec`, the PV that `module`'s answer for `volume`
-    /// became. `Ok` only when one grant covers the source and every secret it names.
+    /// became, and `mount_options`, the options the module added to the class's. `Ok`
+    /// only when one grant covers the source, every secret it names and every mount
+    /// option; with the directory the host must still check for a hostPath or local
+    /// volume.
     pub fn check(
         &self,
         module: &str,
         volume: &str,
         spec: &PersistentVolumeSpec,
-    ) -> Result<(), SourceRefused> {
+        mount_options: &[String],
+    ) -> Result<Option<VolumeDirectory>, SourceRefused> {
         let refuse = |rule: String, reason: String| SourceRefused {
             module: module.to_string(),
             volume: volume.to_string(),
@@ -162,8 +199,9 @@ impl VolumeGrants {
             format!("{base}.other.{kind}")
         };
 
-        // The grant that covers the source: the secrets it lists.
-        let secrets: &[SecretName] = match kind {
+        // The grant that covers the source: the secrets and mount options it lists.
+        let mut directory = None;
+        let (secrets, options): (&[SecretName], &[String]) = match kind {
             "hostPath" | "local" => {
                 let grants = if kind == "hostPath" {
                     &self.host_path
@@ -186,6 +224,27 @@ impl VolumeGrants {
                         ),
                     ));
                 };
+                let expected = format!("{}/{volume}", grant.path_prefix.trim_end_matches('/'));
+                if path != expected {
+                    return Err(refuse(
+                        rule,
+                        format!(
+                            "{kind} path {path:?} is not {expected:?}: a volume is the directory named for its PV directly in the granted pathPrefix, where only the module writes (a deeper path lies inside some volume, where a tenant may have put a symlink)"
+                        ),
+                    ));
+                }
+                if spec.get("volumeMode").and_then(Value::as_str) == Some("Block") {
+                    return Err(refuse(
+                        rule,
+                        format!(
+                            "{kind} volume {path:?} has volumeMode Block: node paths are published as filesystem volumes only (a block device of the node is never handed out)"
+                        ),
+                    ));
+                }
+                directory = Some(VolumeDirectory {
+                    directory: grant.directory.clone(),
+                    name: volume.to_string(),
+                });
                 if kind == "hostPath" {
                     let path_type = field("type").unwrap_or_default();
                     if !grant.types.iter().any(|t| t == path_type) {
@@ -198,7 +257,7 @@ impl VolumeGrants {
                         ));
                     }
                 }
-                &[]
+                (&[], &grant.mount_options)
             }
             "nfs" => {
                 let server = field("server").unwrap_or_default();
@@ -223,7 +282,8 @@ impl VolumeGrants {
                         ),
                     ));
                 }
-                if !on_server.iter().any(|g| at_or_below(path, &g.path_prefix)) {
+                let Some(grant) = on_server.iter().find(|g| at_or_below(path, &g.path_prefix))
+                else {
                     return Err(refuse(
                         rule,
                         format!(
@@ -231,8 +291,8 @@ impl VolumeGrants {
                             granted(on_server.iter().map(|g| g.path_prefix.as_str()))
                         ),
                     ));
-                }
-                &[]
+                };
+                (&[], &grant.mount_options)
             }
             "csi" => {
                 let driver = field("driver").unwrap_or_default();
@@ -248,7 +308,7 @@ impl VolumeGrants {
                         ),
                     ));
                 };
-                &grant.secrets
+                (&grant.secrets, &grant.mount_options)
             }
             "iscsi" => {
                 if self.iscsi.is_empty() {
@@ -276,10 +336,24 @@ impl VolumeGrants {
                         ),
                     ));
                 };
-                &grant.secrets
+                (&grant.secrets, &grant.mount_options)
             }
             other => match self.other.get(other) {
-                Some(grant) => &grant.secrets,
+                Some(grant) => {
+                    if DRIVER_KINDS.contains(&other) {
+                        let driver = field("driver").unwrap_or_default();
+                        if !grant.drivers.iter().any(|d| d == driver) {
+                            return Err(refuse(
+                                format!("{rule}.drivers"),
+                                format!(
+                                    "{other} driver {driver:?} is not granted ({})",
+                                    granted(grant.drivers.iter().map(String::as_str))
+                                ),
+                            ));
+                        }
+                    }
+                    (&grant.secrets, &grant.mount_options)
+                }
                 None => {
                     return Err(refuse(
                         rule,
@@ -288,6 +362,22 @@ impl VolumeGrants {
                 }
             },
         };
+
+        for option in mount_options.iter().flat_map(|o| o.split(',')) {
+            if !mount_option_allowed(option.trim(), options) {
+                return Err(refuse(
+                    format!("{rule}.mountOptions"),
+                    format!(
+                        "mount option {option:?} is not granted ({}); a mount option can send the node's mount elsewhere or relabel what it mounts",
+                        if options.is_empty() {
+                            "none are".to_string()
+                        } else {
+                            granted(options.iter().map(String::as_str))
+                        }
+                    ),
+                ));
+            }
+        }
 
         let mut references = Vec::new();
         secret_references(source, kind, &mut references);
@@ -305,7 +395,7 @@ impl VolumeGrants {
                 }
             }
         }
-        Ok(())
+        Ok(directory)
     }
 
     /// Whether nothing may be published.
@@ -338,6 +428,15 @@ fn normal_path(path: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Whether the mount option `option` (one of a comma-separated list) is listed: exactly,
+/// or as `name=*` for any value of `name`.
+fn mount_option_allowed(option: &str, allowed: &[String]) -> bool {
+    allowed.iter().any(|a| match a.strip_suffix("=*") {
+        Some(name) => option.split_once('=').is_some_and(|(n, _)| n == name),
+        None => a == option,
+    })
+}
+
 fn at_or_below(path: &str, prefix: &str) -> bool {
     Path::new(path).starts_with(prefix)
 }
@@ -359,8 +458,8 @@ enum SecretReference {
 
 /// Collects every secret reference in `value` (the source object at `at`): objects
 /// under `secretRef` or `*SecretRef`, and azureFile's `secretName`/`secretNamespace`.
-/// Any other field whose name mentions a secret (`secretFile`, `keyring`-like fields of
-/// future kinds) is unusable: default deny. CSI `volumeAttributes` is the driver's own
+/// Any other field whose name mentions a secret or a keyring (CephFS `secretFile`, RBD
+/// `keyring`: paths to credentials on the node) is unusable: default deny. CSI `volumeAttributes` is the driver's own
 /// string map and is not searched.
 fn secret_references(value: &Value, at: &str, out: &mut Vec<SecretReference>) {
     match value {
@@ -384,7 +483,10 @@ fn secret_references(value: &Value, at: &str, out: &mut Vec<SecretReference>) {
                     ));
                 } else if key == "secretNamespace" {
                     // Read with secretName.
-                } else if key.to_ascii_lowercase().contains("secret") {
+                } else if ["secret", "keyring"]
+                    .iter()
+                    .any(|word| key.to_ascii_lowercase().contains(word))
+                {
                     out.push(SecretReference::Unusable {
                         at: here,
                         why: "a secret field the host cannot check (only secret references by namespace and name can be granted)",
@@ -447,12 +549,18 @@ pub(super) struct VolumesFile {
 struct HostPathFile {
     path_prefix: String,
     types: Option<Vec<String>>,
+    directory: Option<String>,
+    #[serde(default)]
+    mount_options: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct LocalFile {
     path_prefix: String,
+    directory: Option<String>,
+    #[serde(default)]
+    mount_options: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -460,6 +568,8 @@ struct LocalFile {
 struct NfsFile {
     server: String,
     path_prefix: String,
+    #[serde(default)]
+    mount_options: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -468,6 +578,8 @@ struct CsiFile {
     driver: String,
     #[serde(default)]
     secrets: Vec<String>,
+    #[serde(default)]
+    mount_options: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -476,6 +588,8 @@ struct IscsiFile {
     portals: Vec<String>,
     #[serde(default)]
     secrets: Vec<String>,
+    #[serde(default)]
+    mount_options: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -483,11 +597,21 @@ struct IscsiFile {
 struct OtherFile {
     #[serde(default)]
     secrets: Vec<String>,
+    #[serde(default)]
+    drivers: Vec<String>,
+    #[serde(default)]
+    mount_options: Vec<String>,
 }
 
 impl VolumesFile {
-    /// The grants, with every problem (naming its field under `at`) added to `problems`.
-    pub(super) fn validate(self, at: &str, problems: &mut Vec<String>) -> VolumeGrants {
+    /// The grants, with every problem (naming its field under `at`) added to `problems`;
+    /// `directories` are the module's directory grants.
+    pub(super) fn validate(
+        self,
+        at: &str,
+        directories: &[DirectoryGrant],
+        problems: &mut Vec<String>,
+    ) -> VolumeGrants {
         let mut grants = VolumeGrants::default();
         for (i, entry) in self.host_path.into_iter().enumerate() {
             let field = format!("{at}.hostPath[{i}]");
@@ -508,16 +632,44 @@ impl VolumesFile {
                 ));
                 continue;
             }
-            grants.host_path.push(PathGrant { path_prefix, types });
+            let Some(directory) = volume_directory(
+                &path_prefix,
+                entry.directory.as_deref(),
+                directories,
+                &field,
+                problems,
+            ) else {
+                continue;
+            };
+            let mount_options = options(entry.mount_options, &field, problems);
+            grants.host_path.push(PathGrant {
+                path_prefix,
+                types,
+                directory,
+                mount_options,
+            });
         }
         for (i, entry) in self.local.into_iter().enumerate() {
             let field = format!("{at}.local[{i}]");
-            if let Some(path_prefix) = prefix(&entry.path_prefix, &field, false, problems) {
-                grants.local.push(PathGrant {
-                    path_prefix,
-                    types: Vec::new(),
-                });
-            }
+            let Some(path_prefix) = prefix(&entry.path_prefix, &field, false, problems) else {
+                continue;
+            };
+            let Some(directory) = volume_directory(
+                &path_prefix,
+                entry.directory.as_deref(),
+                directories,
+                &field,
+                problems,
+            ) else {
+                continue;
+            };
+            let mount_options = options(entry.mount_options, &field, problems);
+            grants.local.push(PathGrant {
+                path_prefix,
+                types: Vec::new(),
+                directory,
+                mount_options,
+            });
         }
         for (i, entry) in self.nfs.into_iter().enumerate() {
             let field = format!("{at}.nfs[{i}]");
@@ -530,9 +682,11 @@ impl VolumesFile {
                 continue;
             }
             if let Some(path_prefix) = prefix(&entry.path_prefix, &field, true, problems) {
+                let mount_options = options(entry.mount_options, &field, problems);
                 grants.nfs.push(NfsGrant {
                     server,
                     path_prefix,
+                    mount_options,
                 });
             }
         }
@@ -545,6 +699,7 @@ impl VolumesFile {
             grants.csi.push(CsiGrant {
                 driver: entry.driver,
                 secrets: secret_names(&entry.secrets, &field, problems),
+                mount_options: options(entry.mount_options, &field, problems),
             });
         }
         for (i, entry) in self.iscsi.into_iter().enumerate() {
@@ -558,6 +713,7 @@ impl VolumesFile {
             grants.iscsi.push(IscsiGrant {
                 portals: entry.portals,
                 secrets: secret_names(&entry.secrets, &field, problems),
+                mount_options: options(entry.mount_options, &field, problems),
             });
         }
         for (kind, entry) in self.other {
@@ -581,7 +737,28 @@ impl VolumesFile {
                 continue;
             }
             let secrets = secret_names(&entry.secrets, &field, problems);
-            grants.other.insert(kind, OtherGrant { secrets });
+            if DRIVER_KINDS.contains(&kind.as_str()) {
+                if entry.drivers.is_empty() || entry.drivers.iter().any(String::is_empty) {
+                    problems.push(format!(
+                        "{field}.drivers: must name the {kind} drivers the module may use (a driver is node code run as root)"
+                    ));
+                    continue;
+                }
+            } else if !entry.drivers.is_empty() {
+                problems.push(format!(
+                    "{field}.drivers: {kind} volumes name no driver; remove the field"
+                ));
+                continue;
+            }
+            let mount_options = options(entry.mount_options, &field, problems);
+            grants.other.insert(
+                kind,
+                OtherGrant {
+                    secrets,
+                    drivers: entry.drivers,
+                    mount_options,
+                },
+            );
         }
         grants
     }
@@ -617,6 +794,57 @@ fn prefix(
     Some(trimmed.to_string())
 }
 
+/// The directory grant (by guest path) that holds the volumes of a hostPath or local
+/// grant: the one named by `directory`, else the one whose host path is the prefix.
+fn volume_directory(
+    path_prefix: &str,
+    named: Option<&str>,
+    directories: &[DirectoryGrant],
+    field: &str,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let found = match named {
+        Some(guest) => directories
+            .iter()
+            .find(|d| d.guest == guest.trim_end_matches('/')),
+        None => directories
+            .iter()
+            .find(|d| d.host == Path::new(path_prefix)),
+    };
+    match (found, named) {
+        (Some(grant), _) => Some(grant.guest.clone()),
+        (None, Some(guest)) => {
+            problems.push(format!(
+                "{field}.directory {guest:?}: not one of the module's directories (guest paths: {}); name the directory grant whose host directory is {path_prefix} on the nodes",
+                directories.iter().map(|d| d.guest.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+            None
+        }
+        (None, None) => {
+            problems.push(format!(
+                "{field}.pathPrefix {path_prefix}: the host checks every volume it publishes there through the module's own grant of that directory, and the module has none with host {path_prefix}; grant it in directories (mounting the node directory at the same path in the host's container), or name the grant that holds it with directory: <guest path>"
+            ));
+            None
+        }
+    }
+}
+
+/// Mount options as granted: non-empty, one option each (no commas), `name=*` allowed.
+fn options(texts: Vec<String>, field: &str, problems: &mut Vec<String>) -> Vec<String> {
+    let mut kept = Vec::new();
+    for (i, text) in texts.into_iter().enumerate() {
+        let option = text.trim();
+        if option.is_empty() || option.contains(',') || option.contains(char::is_whitespace) {
+            problems.push(format!(
+                "{field}.mountOptions[{i}] {text:?}: one mount option per entry (such as nfsvers=4.1, or rsize=* for any value)"
+            ));
+            continue;
+        }
+        kept.push(option.to_string());
+    }
+    kept
+}
+
 fn secret_names(texts: &[String], field: &str, problems: &mut Vec<String>) -> Vec<SecretName> {
     let mut names = Vec::new();
     for (i, text) in texts.iter().enumerate() {
@@ -642,10 +870,23 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The module's directory grants the tests' hostPath and local grants refer to.
+    fn directories() -> Vec<DirectoryGrant> {
+        ["/var/lib/wp/hostpath", "/mnt/disks"]
+            .iter()
+            .enumerate()
+            .map(|(i, host)| DirectoryGrant {
+                host: host.into(),
+                guest: format!("/d{i}"),
+                mode: super::super::grants::DirectoryMode::ReadWrite,
+            })
+            .collect()
+    }
+
     fn grants(yaml: &str) -> Result<VolumeGrants, Vec<String>> {
         let file: VolumesFile = serde_yaml::from_str(yaml).expect("valid YAML");
         let mut problems = Vec::new();
-        let grants = file.validate("modules.m.volumes", &mut problems);
+        let grants = file.validate("modules.m.volumes", &directories(), &mut problems);
         if problems.is_empty() {
             Ok(grants)
         } else {
@@ -658,7 +899,18 @@ mod tests {
     }
 
     fn check(grants: &VolumeGrants, source: Value) -> Result<(), SourceRefused> {
-        grants.check("m", "pvc-1", &spec(source))
+        check_options(grants, source, &[])
+    }
+
+    fn check_options(
+        grants: &VolumeGrants,
+        source: Value,
+        options: &[&str],
+    ) -> Result<(), SourceRefused> {
+        let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+        grants
+            .check("m", "pvc-1", &spec(source), &options)
+            .map(|_| ())
     }
 
     fn refused_rule(grants: &VolumeGrants, source: Value) -> String {
@@ -699,6 +951,10 @@ mod tests {
             "/",
             "/var/run/docker.sock",
             "/var/lib/wp/hostpath",
+            // Inside a volume (a tenant's symlink), or not the PV's own name.
+            "/var/lib/wp/hostpath/pvc-T/escape",
+            "/var/lib/wp/hostpath/pvc-T/pvc-1",
+            "/var/lib/wp/hostpath/pvc-2",
             "/var/lib/wp/hostpathx/pvc",
             "/var/lib/wp/hostpath/../../../etc",
             "/var/lib/wp/hostpath/./pvc",
@@ -724,6 +980,115 @@ mod tests {
             );
             assert_eq!(rule, "modules.m.volumes.hostPath.types", "{path_type:?}");
         }
+    }
+
+    #[test]
+    fn a_published_node_path_is_the_pv_s_directory_in_the_granted_grant() {
+        let g = grants(
+            "hostPath: [{ pathPrefix: /var/lib/wp/hostpath }]\nlocal: [{ pathPrefix: /srv/v, directory: /d1 }]",
+        )
+        .unwrap();
+        let found = g
+            .check(
+                "m",
+                "pvc-1",
+                &spec(json!({"hostPath": {"path": "/var/lib/wp/hostpath/pvc-1", "type": "Directory"}})),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            found,
+            Some(VolumeDirectory {
+                directory: "/d0".into(),
+                name: "pvc-1".into()
+            })
+        );
+        let found = g
+            .check(
+                "m",
+                "pvc-1",
+                &spec(json!({"local": {"path": "/srv/v/pvc-1"}})),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(found.unwrap().directory, "/d1");
+        // A raw node device through a local volume in Block mode.
+        let error = check(
+            &g,
+            json!({"local": {"path": "/srv/v/pvc-1"}, "volumeMode": "Block"}),
+        )
+        .unwrap_err();
+        assert!(error.reason.contains("Block"), "{error}");
+        // Grants whose node directory the host cannot check are refused at load.
+        let problems = grants(
+            "hostPath: [{ pathPrefix: /elsewhere }]\nlocal: [{ pathPrefix: /srv, directory: /nope }]",
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].contains("hostPath[0].pathPrefix /elsewhere"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].contains("local[0].directory \"/nope\""),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn mount_options_the_module_adds_must_be_granted() {
+        let g = grants(
+            "nfs: [{ server: nfs.example.com, pathPrefix: /exports, mountOptions: [nfsvers=4.1, hard, rsize=*] }]",
+        )
+        .unwrap();
+        let source = json!({"nfs": {"server": "nfs.example.com", "path": "/exports/a"}});
+        check_options(&g, source.clone(), &["nfsvers=4.1", "hard,rsize=1048576"]).unwrap();
+        for options in [
+            &["vers=3,mountaddr=203.0.113.9,mountport=635"][..],
+            &["nfsvers=4.1,mountaddr=203.0.113.9"],
+            &["context=system_u:object_r:container_file_t:s0"],
+            &["nfsvers=3"],
+            &["rsize"],
+        ] {
+            let error = check_options(&g, source.clone(), options).unwrap_err();
+            assert_eq!(
+                error.rule, "modules.m.volumes.nfs.mountOptions",
+                "{options:?}"
+            );
+        }
+        // None granted: none may be added (the class's own are the admin's).
+        let g = grants("csi: [{ driver: d.example.com }]").unwrap();
+        let error = check_options(
+            &g,
+            json!({"csi": {"driver": "d.example.com", "volumeHandle": "h"}}),
+            &["ro"],
+        )
+        .unwrap_err();
+        assert!(error.reason.contains("none are"), "{error}");
+        let problems = grants("csi: [{ driver: d, mountOptions: ['a,b', ''] }]").unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+
+    #[test]
+    fn flex_volume_grants_name_their_drivers_and_keyrings_are_refused() {
+        let g = grants("other: { flexVolume: { drivers: [example.com/lvm] }, rbd: {} }").unwrap();
+        check(&g, json!({"flexVolume": {"driver": "example.com/lvm"}})).unwrap();
+        assert_eq!(
+            refused_rule(
+                &g,
+                json!({"flexVolume": {"driver": "example.com/root-shell"}})
+            ),
+            "modules.m.volumes.other.flexVolume.drivers"
+        );
+        assert_eq!(
+            refused_rule(
+                &g,
+                json!({"rbd": {"monitors": ["m"], "image": "i", "keyring": "/etc/ceph/ceph.client.admin.keyring"}})
+            ),
+            "modules.m.volumes.other.rbd.secrets"
+        );
+        let problems = grants("other: { flexVolume: {} }").unwrap_err();
+        assert!(problems[0].contains("flexVolume.drivers"), "{problems:?}");
     }
 
     #[test]

@@ -49,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(
         &grants,
         format!(
-            "allow:\n  directories: [{data}]\nmodules:\n  hostpath:\n    directories:\n      - {{ host: {data}/hostpath, guest: /volumes, mode: read-write }}\n    volumes:\n      hostPath: [{{ pathPrefix: /var/lib/wasm-provisioner/hostpath }}]\n  nfs-subdir:\n    directories:\n      - {{ host: {data}/nfs-export, guest: /export, mode: read-write }}\n    volumes:\n      nfs: [{{ server: nfs.example.com, pathPrefix: /exports }}]\n",
+            "allow:\n  directories: [{data}]\nmodules:\n  hostpath:\n    directories:\n      - {{ host: {data}/hostpath, guest: /volumes, mode: read-write }}\n    volumes:\n      hostPath: [{{ pathPrefix: /var/lib/wasm-provisioner/hostpath, directory: /volumes }}]\n  nfs-subdir:\n    directories:\n      - {{ host: {data}/nfs-export, guest: /export, mode: read-write }}\n    volumes:\n      nfs: [{{ server: nfs.example.com, pathPrefix: /exports }}]\n",
             data = data.display()
         ),
     )?;

@@ -12,6 +12,13 @@
 //! published as a hostPath below the granted prefix, kubelet would follow it on the
 //! node. Creating it fails in the host's sandbox; the answer is then `failed` with
 //! `publish: creating the symlink ...: <error>`.
+//! `{volume}` in `hostPath` and `local` stands for the volume's name.
+//! With `renameFrom` (or `linkFrom`), the backend volume is instead made by renaming (or
+//! hard-linking) that path below `/volumes` (a tenant's symlink inside another volume,
+//! say `pvc-t/escape -> /`) to `/volumes/<volume-name>`; if the sandbox refuses, the
+//! answer is `failed` with `publish: renaming ...: <error>`.
+//! `mountOptions` (comma-separated) are answered as the volume's extra mount options;
+//! `onNode` pins the volume to that node when no node was selected.
 //! `delete` removes `/volumes/<volume-name>` and logs `publish: delete <name>`.
 use std::fs;
 
@@ -23,13 +30,16 @@ struct Publish;
 
 const BACKEND: &str = "/volumes";
 
-fn source(params: &Params) -> Result<VolumeSource, ProvisionError> {
+fn source(params: &Params, volume: &str) -> Result<VolumeSource, ProvisionError> {
     if let Some(path) = params.get("hostPath") {
-        return Ok(VolumeSource::host_path(path, params.get("hostPathType")));
+        return Ok(VolumeSource::host_path(
+            path.replace("{volume}", volume),
+            params.get("hostPathType"),
+        ));
     }
     if let Some(path) = params.get("local") {
         return Ok(VolumeSource::Local(LocalSource {
-            path: path.to_string(),
+            path: path.replace("{volume}", volume),
             fs_type: None,
         }));
     }
@@ -59,13 +69,40 @@ fn source(params: &Params) -> Result<VolumeSource, ProvisionError> {
 
 impl Provisioner for Publish {
     fn describe() -> PluginInfo {
-        PluginInfo::new("test-publish", env!("CARGO_PKG_VERSION"))
+        // A hostile module claims block support to be asked for raw devices.
+        let mut info = PluginInfo::new("test-publish", env!("CARGO_PKG_VERSION"));
+        info.supports_block = true;
+        info
     }
 
     fn provision(req: &ProvisionRequest) -> Result<Volume, ProvisionError> {
         let params = Params::new(&req.class.parameters);
-        let source = source(&params)?;
         let name = sdk::path::check_pv_name(&req.volume_name)?;
+        let source = source(&params, name)?;
+        for (param, link) in [("renameFrom", false), ("linkFrom", true)] {
+            let Some(from) = params.get(param) else {
+                continue;
+            };
+            let preopens = get_directories();
+            let (dir, _) = preopens
+                .iter()
+                .find(|(_, path)| path == BACKEND)
+                .ok_or_else(|| ProvisionError::Failed(format!("publish: {BACKEND} not granted")))?;
+            let verb = if link { "linking" } else { "renaming" };
+            let moved = if link {
+                dir.link_at(
+                    wasip2::filesystem::types::PathFlags::empty(),
+                    from,
+                    dir,
+                    name,
+                )
+            } else {
+                dir.rename_at(from, dir, name)
+            };
+            moved.map_err(|e| {
+                ProvisionError::Failed(format!("publish: {verb} {from} to {name}: {}", e.name()))
+            })?;
+        }
         if let Some(target) = params.get("symlinkTarget") {
             let preopens = get_directories();
             let (dir, _) = preopens
@@ -89,8 +126,13 @@ impl Provisioner for Publish {
             None => req.claim.requested_bytes,
         };
         let mut volume = Volume::new(capacity, source);
+        if let Some(options) = params.get("mountOptions") {
+            volume.mount_options = options.split(',').map(str::to_string).collect();
+        }
         if let Some(node) = &req.selected_node {
             volume = volume.on_node(&node.name);
+        } else if let Some(node) = params.get("onNode") {
+            volume = volume.on_node(node);
         }
         Ok(volume)
     }

@@ -185,7 +185,8 @@ async fn publish(
         &ctx.settings.provisioner_name,
         ctx.settings.volume_protection_finalizer,
         module,
-    );
+    )
+    .await;
     let pv = match published {
         Ok(pv) => pv,
         Err(error) => {
