@@ -2,7 +2,7 @@
 # The load benchmark in one command: builds the guests, the host, the control-plane
 # launcher and the Go library's provisioner (tests/golib), starts the local control plane
 # (unless KUBECONFIG names a cluster), then for each run creates N claims at once and
-# deletes them, and prints the figures (see the README's "Load benchmark").
+# deletes them, and prints the figures (see docs/benchmarks.md, "Load benchmark").
 #
 #   bash tests/load.sh [--release] [--claims N] [--runs ceiling,defaults,unthrottled,start]
 #                      [--threads T] [--concurrency C] [--out DIR]

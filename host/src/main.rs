@@ -21,7 +21,7 @@ fn main() -> std::process::ExitCode {
 ///   the host's CPU in a storm of claims. Small allocations still go through the
 ///   per-thread cache (tcache), the fast path fastbins once were. Measured in
 ///   interleaved runs of 500 claims on 2026-12-06: 3-7% less CPU per volume, the same
-///   peak RSS (`tests/load-history.md`).
+///   peak RSS (`bench/results/load-history.md`).
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -1,4 +1,4 @@
-//! The load benchmark (`bash tests/load.sh --claims 500`, see the README's "Load
+//! The load benchmark (`bash tests/load.sh --claims 500`, see docs/benchmarks.md, "Load
 //! benchmark"): N claims created at once against a real control plane (the embedded local
 //! one, or the cluster `KUBECONFIG` names), for each run: the time until all are Bound and
 //! until all are deleted, claims/s, latencies, the provisioner's own API requests per
