@@ -1,11 +1,12 @@
 //! Retry arithmetic: how long a failed claim or volume waits before its next attempt,
 //! and when to give up.
 //!
-//! The seed's work queues use the maximum of two limiters: a per-item exponential
+//! The Go library's work queues (docs/design.md, "Retries, give-up and resync, as the
+//! Go library") use the maximum of two limiters: a per-item exponential
 //! back-off (15 s, doubling, capped at 1000 s; a fixed 15 s when exponential back-off is
 //! off) and one token bucket shared by all items (10 per second, burst 100) so a storm
 //! of failures cannot hammer the API server or the plugins. After a threshold of
-//! failures (15 by default; 0 means never) the seed gives up on the item. This module
+//! failures (15 by default; 0 means never) the library gives up on the item. This module
 //! is that arithmetic with no clock of its own: callers pass `Instant`s in, so tests
 //! are exact and the controller decides what "now" is.
 
@@ -24,7 +25,7 @@ pub const DEFAULT_BUCKET_RATE: f64 = 10.0;
 /// Overall retry burst: size of the shared bucket.
 pub const DEFAULT_BUCKET_BURST: u32 = 100;
 
-/// Tunable retry settings; [`Default`] is the seed's.
+/// Tunable retry settings; [`Default`] is the Go library's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     /// Delay after the first failure of an item.
@@ -85,7 +86,7 @@ impl RetryPolicy {
 }
 
 /// Whether to stop the fast retries after `failures` failures (this one included) with
-/// `threshold`. As the seed: it requeues a failed item while its requeue count is below
+/// `threshold`. As the Go library: it requeues a failed item while its requeue count is below
 /// the threshold, so it gives up at the failure after `threshold` requeues, the
 /// `threshold + 1`-th. A threshold of 0 never gives up.
 pub fn should_give_up(failures: u32, threshold: u32) -> bool {

@@ -1,5 +1,5 @@
 //! The Kubernetes client of the controller: a client-side token bucket, since kube-rs has
-//! none of its own and a provisioning storm must not flood the API server (the seed's
+//! none of its own and a provisioning storm must not flood the API server (the Go library's
 //! client-go QPS/burst), and a count of every request by verb, resource and status code
 //! (`wasm_provisioner_kube_api_requests_total`), so the host's own API cost per volume
 //! can be read without access to the API server's metrics.

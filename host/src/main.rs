@@ -12,7 +12,7 @@ fn main() -> std::process::ExitCode {
 ///   once arenas of their own, up to eight per core; tokio's workers, the blocking pool
 ///   and wasmtime's compile threads each ended up with one, and memory freed in one
 ///   arena is not reused by another, so the host's RSS kept creeping up over a long
-///   churn of claims (issue 10.8: +10% over 3000 create/delete cycles with a bounded
+///   churn of claims (the chaos suite's bound: +10% over 3000 create/delete cycles with a bounded
 ///   Event cache; +6% and flat at the end with two arenas).
 /// - No fastbins, as `GLIBC_TUNABLES=glibc.malloc.mxfast=0` would set. With them, a
 ///   free that leaves a free chunk of 64 KiB or more once merged with its neighbours (a

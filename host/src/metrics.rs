@@ -1,4 +1,4 @@
-//! Prometheus metrics: the seed's six provisioning metrics with their exact names and
+//! Prometheus metrics: the Go library's six provisioning metrics with their exact names and
 //! labels, plus what their users asked for: an end-to-end claim-to-volume histogram,
 //! in-flight operations, guest calls by module and outcome, module reloads and refusals,
 //! queue depth and leader status.
@@ -190,7 +190,7 @@ fn gauge_by_module(
     family
 }
 
-/// Go client's DefBuckets, which the seed's duration histograms use.
+/// Go client's DefBuckets, which the Go library's duration histograms use.
 const DEFAULT_BUCKETS: &[f64] = &names::METRIC_DURATION_BUCKETS;
 
 /// Buckets for a claim's whole wait, which includes retries and back-off.

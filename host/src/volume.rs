@@ -968,7 +968,7 @@ mod tests {
         );
         assert_eq!(pv.metadata.finalizers, None);
 
-        // --volume-protection-finalizer=false: never added (issue 10.5).
+        // --volume-protection-finalizer=false: never added (the rollback switch).
         let (c, k) = (claim(), class());
         let req = provision_request(&c, &k, None).unwrap();
         let pv = persistent_volume(&req, &c, &k, made(nfs()), OURS, false).unwrap();

@@ -1,4 +1,4 @@
-//! Guest logs are bounded and cannot forge host log lines (issue 9, item 9).
+//! Guest logs are bounded and cannot forge host log lines (docs/security.md, "Sandbox and grants").
 //!
 //! The hostile guest `test-log-flood` logs 40 MiB through the `log` import and 1 MiB
 //! to stdout in one `provision` call, after a message, a field key and a field value

@@ -1,10 +1,10 @@
-//! Hostile guests that a Rust guest cannot express: the attacks of issue 9 on the host's
+//! Hostile guests that a Rust guest cannot express: attacks on the host's
 //! memory through the WebAssembly machinery itself, not through linear memory.
 //!
-//! - **Table bomb** (item 3): a 1 KB module grows funcref tables by a million elements
+//! - **Table bomb**: a 1 KB module grows funcref tables by a million elements
 //!   each. Each element is host heap (8 bytes in wasmtime 48), not linear memory; the
 //!   `memoryBytes` budget must count it.
-//! - **Alias bomb** (item 10): `provision` answers a volume whose labels are many list
+//! - **Alias bomb**: `provision` answers a volume whose labels are many list
 //!   entries all pointing at the same 1 MiB string in linear memory. The guest spends a
 //!   few MiB; lifting the answer into host `String`s costs the host 2 MiB per entry,
 //!   before the size check after the call could refuse it.
@@ -32,7 +32,7 @@ use wasm_provisioner::plugin::{CallError, Grants, LoadedModule, Runtime, Runtime
 const MIB: u64 = 1024 * 1024;
 
 /// Tables the table bomb grows, by a million elements each: 128 MB of host heap at
-/// wasmtime's 8 bytes per funcref (the issue's 256 tables were 2 GB).
+/// wasmtime's 8 bytes per funcref (the 256 tables of the attack as first reproduced were 2 GB).
 const BOMB_TABLES: usize = 16;
 /// Label entries of the alias bomb, each key and value the same 1 MiB string: 100 MiB
 /// lifted, under wasmtime's default 128 MiB hostcall fuel, so without a tighter bound

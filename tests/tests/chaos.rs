@@ -1,8 +1,8 @@
-//! The chaos suite (issue 10): real host processes on the real control plane, killed,
+//! The chaos suite (docs/operations.md, "Chaos suite"): real host processes on the real control plane, killed,
 //! fenced, restarted and churned, with the no-orphan / bound-exactly-once invariants
 //! checked at the end of each scenario. Each scenario adds one row with its figures to
 //! `<target>/tmp/chaos-report.md`; `tests/run.sh` prints that table at the end (it is
-//! copied into the README).
+//! copied into docs/operations.md).
 //!
 //! The scenarios run one at a time (they load the machine and one restarts the API
 //! server). Sizes can be raised or lowered with `CHAOS_SCALE` (default 1.0).
@@ -899,7 +899,8 @@ async fn big_cluster_start_and_failover() -> anyhow::Result<()> {
 
 /// Churn: create/delete cycles of claims in small batches. The host must not keep
 /// per-claim state: RSS is measured after the first 500 cycles and at the end, and the
-/// end must be within 10% of the first (issue 10.8), with both figures reported.
+/// end must be within 10% of the first (a host that keeps no per-claim state stays flat;
+/// docs/design.md, "Memory"), with both figures reported.
 /// Measured (3000 cycles, 2 cores): 60.2 -> 71.5 MiB with kube-runtime's Event
 /// recorder (it kept every Event whole for six minutes); 55.7 -> 61.4 and 58.8 -> 63.9
 /// MiB with our bounded series cache; 53.4 -> 56.8 MiB with `MALLOC_ARENA_MAX=2`: most

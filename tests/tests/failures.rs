@@ -290,7 +290,7 @@ async fn pv_that_cannot_be_saved_is_cleaned_up() {
 /// The PV is stored although the host's creates all failed (as when the last create
 /// timed out after the server stored it; here someone else creates it while the host's
 /// creates are forbidden): the host looks once more before deleting the backend volume,
-/// finds this claim's live PV and keeps the volume (issue 10.6).
+/// finds this claim's live PV and keeps the volume, which that PV owns.
 #[tokio::test]
 async fn a_pv_stored_despite_failed_saves_keeps_its_backend_volume() {
     scenario("pv-last-look", async |fx| {
@@ -618,7 +618,7 @@ async fn module_missing_at_delete_time_keeps_the_volume() {
 /// A PV named `pvc-<uid>` that is another claim's (made by hand, or copied) makes every
 /// save of this claim's volume a conflict. When the claim is then deleted, its backend
 /// volume is nobody's: it must be deleted through the module, not left behind because
-/// "a PV of that name exists" (issue 10.9).
+/// "a PV of that name exists".
 #[tokio::test]
 async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
     scenario("foreign-pv", async |fx| {
@@ -679,7 +679,7 @@ async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
     .await;
 }
 
-/// `--volume-protection-finalizer=false` (issue 10.5): new PVs get no finalizer, and PVs
+/// `--volume-protection-finalizer=false` (the rollback switch, docs/configuration.md): new PVs get no finalizer, and PVs
 /// made earlier with it lose it (the library's rollback path), so a PV switched to Retain
 /// and deleted is never stuck Terminating.
 #[tokio::test]

@@ -1,10 +1,10 @@
-//! One slow module must not starve the others (issue 9, item 4), on the real control
+//! One slow module must not starve the others (docs/security.md, "Limits"), on the real control
 //! plane.
 //!
 //! The host runs with 4 claim workers. Module `slow` (the `test-slow` guest) takes 2 s
 //! per provision and may run 8 calls at once (the default `maxConcurrentCalls`), so
 //! without per-module shares its queued claims occupy every worker and a claim of the
-//! fast module `echo` waits behind them (seconds; the issue saw 0.22 s become 157 s).
+//! fast module `echo` waits behind them (seconds; before the worker shares, 0.22 s became 157 s).
 //! With shares, `slow` holds at most `threads - 1` = 3 workers, its other claims wait in
 //! its own queue (no failed attempt, no Warning Event), and a claim of `echo` binds
 //! about as fast as on an idle host. More slow claims arrive before each timed fast

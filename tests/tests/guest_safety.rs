@@ -1,6 +1,7 @@
 //! What a namespace tenant can do to the bundled guests' volumes, on the real control
-//! plane: two claims choosing one nfs-subdir directory (issue 9, item 5), and a volume
-//! too large to delete in one call (item 6: deleted in chunks, the PV goes when done).
+//! plane: two claims choosing one nfs-subdir directory, and a volume
+//! too large to delete in one call (deleted in chunks, the PV goes when done); see
+//! docs/security.md.
 
 use std::time::Duration;
 

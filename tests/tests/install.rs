@@ -1,4 +1,4 @@
-//! The production install, proven against the real API server (issue 12): the Helm chart
+//! The production install, proven against the real API server (docs/install.md): the Helm chart
 //! (`helm lint`, `helm template` with default and non-default values), the kustomize base
 //! and its overlay, every rendered object applied with a server-side dry run, the chart's
 //! RBAC against `deploy/rbac.yaml`, the image tarball's metadata against the Deployment,

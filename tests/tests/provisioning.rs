@@ -390,7 +390,8 @@ async fn decisions_before_the_plugin_is_called() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The retry threshold, as the seed counts it: the fast retries stop at the failure after
+/// The retry threshold, as the Go library counts it (docs/design.md, "Retries, give-up
+/// and resync, as the Go library"): the fast retries stop at the failure after
 /// `threshold` requeues, with one Warning Event; then the claim is tried once per resync
 /// period (not abandoned), so it binds on its own once the cause is gone.
 #[tokio::test]
@@ -457,7 +458,7 @@ async fn failing_claim_is_given_up_after_the_threshold_then_retried_each_resync(
     Ok(())
 }
 
-/// The metrics endpoint: the seed's metrics with their labels, the end-to-end histogram,
+/// The metrics endpoint: the Go library's metrics with their labels, the end-to-end histogram,
 /// guest calls, module reloads, health and readiness.
 #[tokio::test]
 async fn metrics_are_scraped_end_to_end() -> anyhow::Result<()> {
@@ -590,7 +591,7 @@ async fn module_swapped_while_claims_are_provisioned() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// WaitForFirstConsumer and a vanished node (issue 10.10). A claim whose selected node
+/// WaitForFirstConsumer and a vanished node. A claim whose selected node
 /// does not exist is sent back to the scheduler at once — unless the module's last
 /// answer for it was "in background": then a volume may still be in the making on that
 /// node, so the annotation stays and the module is asked again; it goes only after a

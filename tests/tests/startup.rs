@@ -1,4 +1,4 @@
-//! Starting in a full cluster (issue 10.2): no reconcile may decide before the claims,
+//! Starting in a full cluster: no reconcile may decide before the claims,
 //! volumes, classes and nodes stores are all filled. With 2000 Nodes the node list
 //! arrives well after the claim list; a host that reconciled then would find every
 //! selected node "missing" and strip `volume.kubernetes.io/selected-node` from

@@ -14,7 +14,7 @@
 //! each, the note, both references and the metadata), for six minutes, with no bound
 //! and no way to prune it. A churn of claims is three Events per claim, so the host's
 //! memory grew with the churn rate (+11 MiB over 3000 create/delete cycles in under
-//! three minutes, issue 10.8). This sink remembers only what a series needs (the Event's
+//! three minutes, past the chaos suite's +10% bound). This sink remembers only what a series needs (the Event's
 //! name and namespace, its count, when it was last seen), for the same six minutes, and
 //! at most [`MAX_SERIES`] of them: past that, the longest-quiet series are forgotten
 //! first (as client-go's Event correlator bounds its cache with an LRU of 4096); a
@@ -29,7 +29,7 @@
 //! at once, not hundreds: in a storm the API server also serves the controller-manager's
 //! binder, whose binds are one request after another.
 //!
-//! Nor does an Event compete with the work a claim waits for (issue 11.3): while a
+//! Nor does an Event compete with the work a claim waits for (docs/design.md, "Normal Events wait during a storm"): while a
 //! provisioning storm is on ([`Storm`]: claims being provisioned, or our PVs not yet
 //! Bound), a Normal Event waits, up to `max_delay` after it happened; Warnings are
 //! written at once (behind nothing). Each Event carries the time it happened

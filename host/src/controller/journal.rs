@@ -5,7 +5,7 @@
 //! A claim edit while the claim is Pending makes kube-controller-manager's binder sync
 //! it again (a search of every PV for a match), and two edits per volume (a finalizer
 //! added, then removed) were what kept a storm at 55-60% of the control plane's ceiling
-//! (issue 11.3). The journal is one ConfigMap in the host's own namespace, named after
+//! (docs/design.md, "The provisioning journal"). The journal is one ConfigMap in the host's own namespace, named after
 //! the provisioner (`<lease name>-journal`), that no controller of the cluster acts on.
 //! Its `data` maps a claim's UID to the claim as it was when its provisioning started
 //! (metadata and spec), so the claim can be cleaned up even after it is gone from the

@@ -3,7 +3,7 @@
 //!
 //! Each controller is a kube-runtime `Controller` with `threads` workers. `reconcile`
 //! functions are free functions over `(Arc<Object>, Arc<Context>)`; failures go through
-//! [`retry::Retries`], which applies the seed's rate limiting (per-item exponential
+//! [`retry::Retries`], which applies the Go library's rate limiting (per-item exponential
 //! back-off combined with an overall token bucket) and failure thresholds.
 
 pub mod claims;
@@ -166,7 +166,7 @@ const JOURNAL_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 const RETRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Drops the retry state of claims and volumes no longer in the stores: objects deleted
-/// without a final reconcile would otherwise keep their entries for ever (issue 10.8).
+/// without a final reconcile would otherwise keep their entries for ever (and RSS would grow over a churn of claims).
 fn sweep_retries(context: &Context) {
     let claims: std::collections::HashSet<String> = context
         .claims
@@ -200,7 +200,7 @@ fn sweep_retries(context: &Context) {
 /// The watch of a controller's objects into its cache (`writer`), as kube-runtime's
 /// `Controller::new` makes it, but with each object's `managedFields` dropped before it is
 /// cached: the host never reads them, and on a claim or PV they are a third of its
-/// size; with thousands of claims that is most of the host's memory (issue 11.5).
+/// size; with thousands of claims that is most of the host's memory (docs/design.md, "Memory").
 fn cached<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,

@@ -1,5 +1,5 @@
 //! What this process just wrote that its caches may not show yet, so that no reconcile
-//! needs a live read to tell (issue 11.2: no read the caches can answer):
+//! needs a live read to tell (docs/design.md, "No claim write, no read the caches can answer"):
 //!
 //! - the PVs it created: a claim reconciled again before its PV reaches the volume cache
 //!   (the binder's edits of the claim arrive first) is known to be provisioned;

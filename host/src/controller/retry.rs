@@ -1,5 +1,5 @@
 //! Per-queue retry state: failure counts (keyed by object UID, so a claim recreated under
-//! the same name starts afresh), the seed's combined rate limiter, give-up after the
+//! the same name starts afresh), the Go library's combined rate limiter, give-up after the
 //! threshold, and the slow retry of infeasible requests until their class changes.
 
 use std::collections::HashMap;

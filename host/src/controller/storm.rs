@@ -2,7 +2,7 @@
 //! ago), or a PV this host provisioned is not Bound yet (kube-controller-manager's
 //! binder still has it to do). Normal Events wait while it is on ([`super::events`]):
 //! in a storm every Event the API server stores is a write it does not serve for the PV
-//! creates and the binds the claims wait for (issue 11.3), and an Event tells a person
+//! creates and the binds the claims wait for (docs/design.md, "Normal Events wait during a storm"), and an Event tells a person
 //! what happened, which it still does a few seconds later. Warnings never wait.
 //!
 //! The PVs are followed from the PV watch (each event O(1)), so asking costs nothing.

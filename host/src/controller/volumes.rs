@@ -166,7 +166,7 @@ fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>,
 async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     // The cache may still show a volume whose backend this process deleted a moment ago
     // (the PV's deletion not yet seen): no second delete call, only what is left of its
-    // cleanup. No live read (issue 11.2).
+    // cleanup. No live read (docs/design.md, "No claim write, no read the caches can answer").
     match ctx.recent.volume_stage(&key(pv)) {
         Some(VolumeStage::Finished) => return Ok(Action::await_change()),
         Some(VolumeStage::BackendDeleted) => return remove_volume(ctx, pv).await,
@@ -276,7 +276,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
 /// deletion timestamp, so it never races the pv-protection controller, which edits a
 /// PV (with a resourceVersion precondition) only once it is being deleted: removing our
 /// finalizer after the delete made a third of its edits fail with 409 and read the PV
-/// again (issue 11). A PV left Released without our finalizer (a crash in between) is
+/// again. A PV left Released without our finalizer (a crash in between) is
 /// deleted again from the top: the module's delete of a deleted volume succeeds.
 async fn remove_volume(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     let volume_name = pv.name_any();

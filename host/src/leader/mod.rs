@@ -6,7 +6,7 @@
 //!   never queue behind reconcile traffic).
 //! - The renew deadline counts from the start of the last *successful* renewal; when it
 //!   passes, the [`Leadership`] fence closes: in-flight guest calls and API writes are
-//!   cancelled, no new one starts, and the process exits non-zero (as the seed does), so
+//!   cancelled, no new one starts, and the process exits non-zero (as the Go library does), so
 //!   the replica restarts and rejoins the election cleanly.
 //! - A standby takes the Lease only after seeing its record unchanged for the Lease's
 //!   duration, on its own clock ([`lease`]).
@@ -70,7 +70,7 @@ pub fn lease_name(provisioner_name: &str) -> String {
     provisioner_name.replace('/', "-")
 }
 
-/// The seed's identity format: `<hostname>_<uuid>`.
+/// The Go library's identity format: `<hostname>_<uuid>`.
 pub fn identity() -> String {
     let host = hostname::get()
         .ok()

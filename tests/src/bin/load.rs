@@ -42,7 +42,7 @@ use wasm_provisioner_tests::load::{
 #[derive(Debug, Parser)]
 #[command(about = "Provisioning load benchmark against a real control plane")]
 struct Args {
-    /// Claims created at once per run (the sizes: 100, 500, 2000, 5000).
+    /// Claims created at once per run (the sizes docs/benchmarks.md reports: 100, 500, 2000, 5000).
     #[arg(long, default_value_t = 100)]
     claims: usize,
 

@@ -15,7 +15,7 @@
 //! the plugin for the volume once more and deletes it.
 //!
 //! When the PV cannot be saved after `pv_save_retries` tries, the backend volume is
-//! deleted (the seed's choice), with ProvisioningCleanupFailed when that fails too; the
+//! deleted (the Go library's choice, docs/design.md), with ProvisioningCleanupFailed when that fails too; the
 //! finalizer stays until the delete succeeds, so the claim cannot leave a volume behind.
 //!
 //! - [`reconcile`]: the decisions before the plugin is called (ours? bound? given up?

@@ -318,7 +318,7 @@ enum Saved {
 }
 
 /// Creates the PV, `pv_save_retries` tries `pv_save_interval` apart. `AlreadyExists`
-/// counts as success only when the existing PV is this claim's live volume (#1469).
+/// counts as success only when the existing PV is this claim's live volume (kubernetes-csi/external-provisioner #1469).
 async fn save_volume(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) -> Saved {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = pv.name_any();

@@ -46,7 +46,7 @@ pub async fn reconcile(
         return Ok(resync(&ctx));
     }
     // A claim given up on is tried again once per resync period (the error policy holds
-    // it that long), as the seed's informer resync does; an edit forgives it at once.
+    // it that long), as the Go library's informer resync does; an edit forgives it at once.
     ctx.claim_retries.given_up(&key, fingerprint(&claim));
 
     let class = match view.class_name() {
