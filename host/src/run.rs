@@ -22,7 +22,7 @@ use crate::names;
 use crate::plugin::{DirectoryWatcher, Grants, Runtime, RuntimeConfig};
 use crate::server::{self, Health};
 
-/// Defaults, named once; the README lists them.
+/// Defaults, named once; docs/configuration.md lists them.
 pub const DEFAULT_THREADS: u16 = 8;
 pub const DEFAULT_RESYNC: &str = "15m";
 pub const DEFAULT_KUBE_API_QPS: u32 = 200;

@@ -1,4 +1,4 @@
-// The Go library side of the load benchmark (see the README's "Load benchmark"): a
+// The Go library side of the load benchmark (see docs/benchmarks.md, "Load benchmark"): a
 // hostpath provisioner built on sigs.k8s.io/sig-storage-lib-external-provisioner, run
 // as the benchmark runs the host, so the two are measured side by side on the same
 // control plane. Provision makes the directory `<dir>/<pv name>` and returns a PV with a

@@ -12,7 +12,7 @@
 //!   in kubelet's layout (a `..<timestamp>` directory, the `..data` link to it, and one
 //!   `KEY -> ..data/KEY` link per key; updates swap `..data` atomically by renaming a new
 //!   link over it, as kubelet's AtomicWriter does); emptyDir as an empty directory mode
-//!   0777; hostPath as a directory that the admin prepared as the README says (owned by
+//!   0777; hostPath as a directory that the admin prepared as docs/install.md says (owned by
 //!   the pod's user, mode 0750, with the subdirectories the test names); the ServiceAccount token (a TokenRequest for the pod's
 //!   ServiceAccount), the API server's CA and the namespace at
 //!   `/var/run/secrets/kubernetes.io/serviceaccount`, in the same layout;
@@ -183,7 +183,7 @@ pub struct PodSpec<'a> {
     /// Everything of the pod lives under here.
     pub dir: &'a Path,
     pub pod_name: &'a str,
-    /// Subdirectories the admin made in each hostPath directory, as the README's
+    /// Subdirectories the admin made in each hostPath directory, as docs/install.md's
     /// install steps say (owned by the pod's user, mode 0750).
     pub host_path_subdirs: &'a [&'a str],
 }

@@ -686,7 +686,7 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
             token: &token,
             dir: &pod_dir,
             pod_name: &format!("{release}-0"),
-            // README, "Install into a cluster": the data directory and the granted
+            // docs/install.md, "Install into a cluster": the data directory and the granted
             // directories in it (nfs stands in for the mounted NFS export).
             host_path_subdirs: &["hostpath", "nfs"],
         },

@@ -169,7 +169,7 @@ fn common() -> Config {
 /// from slots reserved once at start and reused, instead of being mapped and unmapped
 /// per call. Each call makes a fresh instance (four per volume), so this is the hot
 /// path: the on-demand allocator's mmap/munmap, page faults and TLB shootdowns were a
-/// quarter of a call's CPU (see the README's "Benchmarks"). A slot's memory is reset
+/// quarter of a call's CPU (see docs/benchmarks.md, "Plugin call benchmarks"). A slot's memory is reset
 /// (zeroed, its copy-on-write image restored) when the call ends: nothing carries over.
 ///
 /// The price is address space, not memory: each linear-memory slot reserves 4 GiB plus
