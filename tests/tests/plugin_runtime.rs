@@ -442,6 +442,91 @@ async fn module_sha256_pin_is_checked() {
     assert!(error.to_string().contains("loaded: echo"), "{error}");
 }
 
+/// `moduleSHA256` spelled every way a pin bypass could try: only the 64 hex digits of
+/// the version serving (any case, one optional lowercase `sha256:`, outer whitespace)
+/// resolve; a prefix in capitals, a doubled prefix, 63 or 65 digits, inner whitespace,
+/// non-ASCII look-alikes and a present-but-empty pin are refused as invalid, never read
+/// as "no pin"; another module's digest and an earlier version's digest are mismatches.
+#[tokio::test]
+async fn a_pin_is_honoured_only_spelled_as_a_digest_of_the_version_serving() {
+    let runtime = runtime("");
+    let echo = load(&runtime, "echo", "test-echo").await;
+    let sha = echo.sha256().to_string();
+    let other = load(&runtime, "other", "test-slow").await;
+
+    for pin in [
+        sha.clone(),
+        sha.to_uppercase(),
+        format!("sha256:{sha}"),
+        format!("sha256:{}", sha.to_uppercase()),
+        format!(" \t{sha}\n"),
+    ] {
+        let resolved = runtime
+            .resolve("echo", Some(&pin))
+            .unwrap_or_else(|e| panic!("{pin:?} names the version serving: {e}"));
+        assert_eq!(resolved.sha256(), sha, "{pin:?}");
+    }
+    for pin in [
+        String::new(),
+        "   ".into(),
+        "sha256:".into(),
+        format!("SHA256:{sha}"),
+        format!("Sha256:{sha}"),
+        format!("sha256:sha256:{sha}"),
+        format!("sha256: {sha}"),
+        sha[..63].to_string(),
+        format!("{sha}0"),
+        format!("{} {}", &sha[..32], &sha[32..]),
+        format!("0x{}", &sha[2..]),
+        // A fullwidth 'a' (U+FF41) instead of the first digit.
+        format!("\u{ff41}{}", &sha[1..]),
+    ] {
+        let error = runtime
+            .resolve("echo", Some(&pin))
+            .err()
+            .unwrap_or_else(|| panic!("{pin:?} was accepted as a pin"));
+        assert!(
+            matches!(error, ResolveError::InvalidPin { .. }),
+            "{pin:?}: {error}"
+        );
+    }
+    // Another module's digest.
+    let Err(error) = runtime.resolve("echo", Some(other.sha256())) else {
+        panic!("another module's digest was accepted");
+    };
+    assert!(matches!(error, ResolveError::PinMismatch { .. }), "{error}");
+
+    // A reload between the pin check and the call: the module resolved runs the
+    // pinned bytes, and the PV records that version; the earlier digest no longer
+    // resolves.
+    let resolved = runtime.resolve("echo", Some(&sha)).unwrap();
+    drop(echo);
+    runtime
+        .load_file("echo", &guests::module("test-trap"))
+        .await
+        .expect("version 2 loads");
+    assert_eq!(runtime.module("echo").unwrap().info().name, "test-trap");
+    let request = request(&[("version", "pinned")]);
+    assert!(resolved.should_provision(&request).await.unwrap());
+    let volume = resolved
+        .provision(&request)
+        .await
+        .expect("the pinned version runs, not the trapping one")
+        .expect("echo provisions");
+    assert!(
+        volume
+            .annotations
+            .iter()
+            .any(|(k, v)| k == "echo/version" && v == "pinned"),
+        "{volume:?}"
+    );
+    assert_eq!(resolved.sha256(), sha);
+    let Err(error) = runtime.resolve("echo", Some(&sha)) else {
+        panic!("a previously served version's digest was accepted");
+    };
+    assert!(matches!(error, ResolveError::PinMismatch { .. }), "{error}");
+}
+
 #[tokio::test]
 async fn escape_out_of_a_granted_directory_is_refused() {
     let root = tempfile::tempdir().unwrap();

@@ -189,7 +189,9 @@ impl Runtime {
             module: name.to_string(),
             loaded: self.read_modules().keys().cloned().collect(),
         })?;
-        if let Some(pinned) = pinned_sha256.map(str::trim).filter(|p| !p.is_empty()) {
+        // A pin present but empty (a template that rendered nothing) is refused, never
+        // read as "no pin": a class pinned by mistake to nothing must not run any bytes.
+        if let Some(pinned) = pinned_sha256.map(str::trim) {
             let digest = pinned
                 .strip_prefix("sha256:")
                 .unwrap_or(pinned)
