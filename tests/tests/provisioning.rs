@@ -559,11 +559,24 @@ async fn module_swapped_while_claims_are_provisioned() -> anyhow::Result<()> {
     for i in 8..10 {
         fx.claim(&format!("c{i}"), &class, "1Gi", json!({})).await?;
     }
+    let digest = |guest: &str| -> anyhow::Result<String> {
+        use sha2::Digest as _;
+        let bytes = std::fs::read(wasm_provisioner_tests::guests::module(guest))?;
+        Ok(hex::encode(sha2::Sha256::digest(&bytes)))
+    };
+    let (v1_sha256, v2_sha256) = (digest("test-echo")?, digest("minimal")?);
     let mut served_by_v1 = 0;
     for i in 0..10 {
         let pv = fx.wait_bound(&format!("c{i}")).await?;
         let v1 = pv.annotations().contains_key("echo/volume-name");
         served_by_v1 += usize::from(v1);
+        // The PV records the digest of the version that answered, not of the one
+        // serving when the PV was saved.
+        assert_eq!(
+            pv.annotations().get("wasm-provisioner.dev/module-sha256"),
+            Some(if v1 { &v1_sha256 } else { &v2_sha256 }),
+            "c{i}"
+        );
         if i >= 8 {
             assert!(
                 !v1,
