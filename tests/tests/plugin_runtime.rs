@@ -774,6 +774,38 @@ async fn http_authority_spellings_reach_only_the_granted_server() {
     }
 }
 
+/// A granted name in other letter cases and with a trailing dot: the grant matches
+/// (names are case-insensitive) and the request reaches the granted server; another
+/// port of that name does not.
+#[tokio::test]
+async fn http_case_variants_of_a_granted_name_reach_only_it() {
+    let (address, seen) = recording_server("127.0.0.1:0", None).await;
+    let port = address.port();
+    let runtime = runtime(&format!(
+        "allow: {{ httpHosts: [\"localhost:{port}\"] }}\n\
+         modules: {{ network: {{ http: [{{ host: \"LocalHost:{port}\", scheme: http }}] }} }}"
+    ));
+    let network = load(&runtime, "network", "test-network").await;
+    for authority in [format!("LOCALHOST:{port}"), format!("localhost:{port}")] {
+        let before = seen.lock().unwrap().len();
+        let answer = get(&network, &format!("http://{authority}/")).await;
+        assert_eq!(answer, Ok("200".to_string()), "{authority}");
+        assert_eq!(seen.lock().unwrap().len(), before + 1, "{authority}");
+    }
+    // A trailing dot may not resolve here; if it does, it reaches the granted server.
+    let before = seen.lock().unwrap().len();
+    let answer = get(&network, &format!("http://LocalHost.:{port}/")).await;
+    let reached = seen.lock().unwrap().len() - before;
+    assert_eq!(reached, usize::from(answer.is_ok()), "{answer:?}");
+    let answer = get(&network, &format!("http://LOCALHOST:{}/", port + 1)).await;
+    assert!(
+        answer
+            .as_ref()
+            .is_err_and(|e| e.contains("HttpRequestDenied")),
+        "{answer:?}"
+    );
+}
+
 /// A granted server answering `302 Found` to another loopback port: wasi:http hands the
 /// guest the 302 and follows nothing, so the redirect target never sees a request.
 #[tokio::test]
