@@ -330,8 +330,12 @@ async fn configmap_swaps_during_calls_serve_only_complete_versions() {
         dir.publish(&[("m", bytes.clone())]);
         tokio::time::sleep(Duration::from_millis(if i % 3 == 0 { 900 } else { 150 })).await;
     }
-    dir.publish(&[("m", trap.clone())]);
-    let last = sha256(&trap);
+    // The last version is bytes never published before (the trap guest plus a custom
+    // section), so an earlier trap still serving cannot pass for it.
+    let mut final_version = trap.clone();
+    final_version.extend_from_slice(b"\x00\x0c\x06attackfinal");
+    dir.publish(&[("m", final_version.clone())]);
+    let last = sha256(&final_version);
     wait_for("the last version published", || {
         runtime.module("m").is_some_and(|m| m.sha256() == last)
     })
