@@ -55,6 +55,14 @@ pub enum SkipProvision {
     BlockUnsupported { plugin: String },
     /// The claim has a data source of a kind the plugin cannot populate from.
     DataSourceUnsupported { kind: String, plugin: String },
+    /// The claim's `dataSourceRef` names another namespace (CrossNamespaceVolumeDataSource).
+    /// Only a ReferenceGrant in that namespace may allow it, and this host does not read
+    /// ReferenceGrants: refused, so no tenant has another namespace's volume copied.
+    CrossNamespaceDataSource {
+        kind: String,
+        namespace: String,
+        name: String,
+    },
 }
 
 impl SkipProvision {
@@ -64,7 +72,8 @@ impl SkipProvision {
         match self {
             Self::ClassMissing { .. }
             | Self::BlockUnsupported { .. }
-            | Self::DataSourceUnsupported { .. } => Some(names::REASON_PROVISIONING_FAILED),
+            | Self::DataSourceUnsupported { .. }
+            | Self::CrossNamespaceDataSource { .. } => Some(names::REASON_PROVISIONING_FAILED),
             _ => None,
         }
     }
@@ -87,6 +96,7 @@ impl SkipProvision {
             Self::WaitingForNode { .. } => "waiting_for_node",
             Self::BlockUnsupported { .. } => "block_unsupported",
             Self::DataSourceUnsupported { .. } => "data_source_unsupported",
+            Self::CrossNamespaceDataSource { .. } => "cross_namespace_data_source",
         }
     }
 }
@@ -131,6 +141,14 @@ impl fmt::Display for SkipProvision {
                 f,
                 "plugin {plugin:?} cannot populate a volume from a {kind}; remove the claim's data source or use a class whose plugin supports it"
             ),
+            Self::CrossNamespaceDataSource {
+                kind,
+                namespace,
+                name,
+            } => write!(
+                f,
+                "the claim's dataSourceRef names {kind} {namespace}/{name} in another namespace; this provisioner does not populate volumes across namespaces (it does not check ReferenceGrants); copy the source into the claim's namespace first"
+            ),
         }
     }
 }
@@ -140,7 +158,8 @@ impl fmt::Display for SkipProvision {
 /// described by `info`. Rules, in order: not bound; annotated for us (or, when
 /// `before_binder`, not annotated at all: the class decides); not being deleted; class
 /// exists and is ours; a WaitForFirstConsumer class has a selected node; block only if
-/// the plugin supports it; a data source only of a kind the plugin lists.
+/// the plugin supports it; a data source only in the claim's own namespace, and only of a
+/// kind the plugin lists.
 pub fn should_provision(
     claim: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
@@ -197,6 +216,17 @@ pub fn should_provision(
     {
         return Skip(SkipProvision::BlockUnsupported {
             plugin: info.name.clone(),
+        });
+    }
+
+    if let Some(source) = spec.and_then(|s| s.data_source_ref.as_ref())
+        && let Some(namespace) = source.namespace.as_deref().filter(|n| !n.is_empty())
+        && Some(namespace) != claim.metadata.namespace.as_deref()
+    {
+        return Skip(SkipProvision::CrossNamespaceDataSource {
+            kind: source.kind.clone(),
+            namespace: namespace.to_owned(),
+            name: source.name.clone(),
         });
     }
 
@@ -667,6 +697,44 @@ mod tests {
         assert_eq!(reason.event_reason(), Some("ProvisioningFailed"));
     }
 
+    /// A clone from another namespace (`dataSourceRef.namespace`, the
+    /// CrossNamespaceVolumeDataSource feature) is allowed only by a ReferenceGrant in
+    /// the source's namespace, which this host does not read: a tenant must not get a
+    /// clone-capable module to copy another namespace's volume into its own claim.
+    #[test]
+    fn a_data_source_in_another_namespace_is_refused() {
+        let mut c = claim();
+        let own = c.metadata.namespace.clone();
+        c.spec.as_mut().unwrap().data_source_ref = Some(TypedObjectReference {
+            api_group: None,
+            kind: "PersistentVolumeClaim".into(),
+            name: "victim".into(),
+            namespace: Some("victim-ns".into()),
+        });
+        let reason = skip(&c, Some(&class()));
+        assert_eq!(
+            reason,
+            SkipProvision::CrossNamespaceDataSource {
+                kind: "PersistentVolumeClaim".into(),
+                namespace: "victim-ns".into(),
+                name: "victim".into(),
+            }
+        );
+        assert_eq!(reason.event_reason(), Some("ProvisioningFailed"));
+        assert!(!reason.retry());
+        // The claim's own namespace, spelled out, or none, is no other namespace.
+        for namespace in [own, Some(String::new()), None] {
+            c.spec
+                .as_mut()
+                .unwrap()
+                .data_source_ref
+                .as_mut()
+                .unwrap()
+                .namespace = namespace;
+            assert_eq!(decide(&c, Some(&class())), ProvisionDecision::Provision);
+        }
+    }
+
     #[test]
     fn rules_apply_in_order() {
         // Bound wins over everything; not-ours stays silent even without a class.
@@ -884,6 +952,11 @@ mod tests {
             SkipProvision::DataSourceUnsupported {
                 kind: "k".into(),
                 plugin: "p".into(),
+            },
+            SkipProvision::CrossNamespaceDataSource {
+                kind: "k".into(),
+                namespace: "n".into(),
+                name: "s".into(),
             },
         ];
         let labels: std::collections::BTreeSet<_> =

@@ -113,14 +113,8 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
         parameters.get(names::PARAM_MODULE).map(String::as_str),
         None,
     )?;
-    let module = load(
-        &args.plugins,
-        &module_name,
-        parameters
-            .get(names::PARAM_MODULE_SHA256)
-            .map(String::as_str),
-    )
-    .await?;
+    let pinned = crate::plugin::class_pin(&module_name, Some(&parameters))?;
+    let module = load(&args.plugins, &module_name, pinned).await?;
 
     let request = request::provision_request(&claim, &class, node.as_ref().map(|n| &n.metadata))?;
     if !module.should_provision(&request).await? {

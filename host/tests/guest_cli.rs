@@ -293,6 +293,45 @@ fn missing_module_is_a_clear_error() {
     assert!(output.stdout.is_empty());
 }
 
+/// A pin key spelled in other letter cases (`moduleSha256`, `modulesha256`, ...) is a
+/// typo of `moduleSHA256`: refused, naming the key, never read as an unpinned class (the
+/// plugin used to get it as a plain parameter and any version ran). A wrong digest under
+/// the right key is refused as ever. The echo guest takes any parameter (hostpath
+/// refuses unknown ones, which hid the typo).
+#[test]
+fn a_misspelled_pin_key_is_refused_not_ignored() {
+    let scratch = Scratch::new(&["test-echo"]);
+    let grants = scratch.write(
+        "grants.yaml",
+        "modules: { test-echo: { volumes: { hostPath: [{ pathPrefix: /echo }] } } }\n",
+    );
+    let wrong = "0".repeat(64);
+    for key in [
+        "moduleSha256",
+        "modulesha256",
+        "MODULESHA256",
+        "moduleSHA256",
+    ] {
+        let class = scratch.write(
+            "sc.yaml",
+            &format!(
+                "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{ name: local }}\n\
+                 provisioner: wasm-provisioner.dev\n\
+                 parameters: {{ module: test-echo, {key}: \"{wrong}\" }}\n"
+            ),
+        );
+        let output = provision(&scratch, &[], &class, &grants);
+        let stderr = text(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "{key}: provisioned unpinned\n{}",
+            text(&output.stdout)
+        );
+        assert!(stderr.contains(key), "{key}: {stderr}");
+        assert!(output.stdout.is_empty(), "{key}");
+    }
+}
+
 #[test]
 fn bad_yaml_is_a_clear_error() {
     let scratch = Scratch::new(&["hostpath"]);

@@ -274,3 +274,133 @@ async fn plain_directory_with_copies_reloads_too() {
     std::fs::remove_file(root.path().join("plugin.wasm")).unwrap();
     wait_for("the removal", || runtime.module("plugin").is_none()).await;
 }
+
+/// What a call on `module` must answer if it ran `module`'s own bytes: the echo guest
+/// provisions, the trap guest traps, and the error names the version the call ran on.
+async fn assert_runs_its_own_version(module: &wasm_provisioner::plugin::LoadedModule) {
+    let answer = module.provision(&request("v")).await;
+    match (module.info().name.as_str(), answer) {
+        ("test-echo", Ok(Ok(volume))) => assert!(
+            volume.annotations.iter().any(|(k, _)| k == "echo/version"),
+            "{volume:?}"
+        ),
+        ("test-trap", Err(error @ CallError::Trap { .. })) => {
+            assert_eq!(error.target().version, module.version(), "{error}")
+        }
+        (name, answer) => panic!(
+            "a call on version {} ({name}) answered {answer:?}",
+            module.version()
+        ),
+    }
+}
+
+/// A ConfigMap swapped again and again (between two guests) while calls run and while
+/// versions are being validated: the module is never missing, every call runs one
+/// complete version (the answer is that version's, and an error names it), and once the
+/// swaps stop the last version published is the one serving.
+#[tokio::test]
+async fn configmap_swaps_during_calls_serve_only_complete_versions() {
+    let mut dir = ConfigMapDir::new();
+    let (echo, trap) = (wasm("test-echo"), wasm("test-trap"));
+    dir.publish(&[("m", echo.clone())]);
+    let runtime = runtime("");
+    let (_watcher, _) = DirectoryWatcher::start(runtime.clone(), dir.path.clone())
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..3)
+        .map(|_| {
+            let runtime = runtime.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut calls = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let module = runtime.module("m").expect("the module is never missing");
+                    assert_runs_its_own_version(&module).await;
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    // Swaps closer together than the debounce, and some spaced so a scan (and a
+    // validation) runs between them.
+    for i in 0..16u64 {
+        let bytes = if i % 2 == 0 { &trap } else { &echo };
+        dir.publish(&[("m", bytes.clone())]);
+        tokio::time::sleep(Duration::from_millis(if i % 3 == 0 { 900 } else { 150 })).await;
+    }
+    // The last version is bytes never published before (the trap guest plus a custom
+    // section), so an earlier trap still serving cannot pass for it.
+    let mut final_version = trap.clone();
+    final_version.extend_from_slice(b"\x00\x0c\x06attackfinal");
+    dir.publish(&[("m", final_version.clone())]);
+    let last = sha256(&final_version);
+    wait_for("the last version published", || {
+        runtime.module("m").is_some_and(|m| m.sha256() == last)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(runtime.module("m").unwrap().sha256(), last);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut calls = 0;
+    for caller in callers {
+        calls += caller.await.expect("every call ran a complete version");
+    }
+    assert!(calls > 10, "only {calls} calls ran during the swaps");
+    assert!(runtime.metrics().module("m").reloads_total >= 3);
+}
+
+/// A module file rewritten in place (truncated, then written in pieces) while scans
+/// run: a scan may read a torn mix of the two versions, which is refused; what serves
+/// is always exactly one of the two versions, never a half-written one.
+#[tokio::test]
+async fn a_file_rewritten_during_reads_never_serves_a_torn_version() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("m.wasm");
+    let (echo, trap) = (wasm("test-echo"), wasm("test-trap"));
+    std::fs::write(&path, &echo).unwrap();
+    let runtime = runtime("");
+    runtime.sync_dir(root.path()).await.unwrap();
+    let versions = [sha256(&echo), sha256(&trap)];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rewrites = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let writer = std::thread::spawn({
+        let (path, stop, rewrites) = (path.clone(), stop.clone(), rewrites.clone());
+        let (echo, trap) = (echo.clone(), trap.clone());
+        move || {
+            use std::io::Write as _;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for bytes in [&trap, &echo] {
+                    let mut file = std::fs::File::create(&path).unwrap();
+                    for piece in bytes.chunks(16 * 1024) {
+                        file.write_all(piece).unwrap();
+                    }
+                    rewrites.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    let (mut scans, mut refused) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scans < 40 || rewrites.load(std::sync::atomic::Ordering::Relaxed) < 40 {
+        assert!(
+            Instant::now() < deadline,
+            "the scans and rewrites took too long"
+        );
+        let report = runtime.sync_dir(root.path()).await.unwrap();
+        refused += report.refused.len();
+        scans += 1;
+        let module = runtime.module("m").expect("the module stays in service");
+        assert!(
+            versions.contains(&module.sha256().to_string()),
+            "a version that is neither file serves: {}",
+            module.sha256()
+        );
+        assert_runs_its_own_version(&module).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    let rewrites = rewrites.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{scans} scans, {rewrites} rewrites, {refused} torn reads refused");
+}

@@ -442,6 +442,91 @@ async fn module_sha256_pin_is_checked() {
     assert!(error.to_string().contains("loaded: echo"), "{error}");
 }
 
+/// `moduleSHA256` spelled every way a pin bypass could try: only the 64 hex digits of
+/// the version serving (any case, one optional lowercase `sha256:`, outer whitespace)
+/// resolve; a prefix in capitals, a doubled prefix, 63 or 65 digits, inner whitespace,
+/// non-ASCII look-alikes and a present-but-empty pin are refused as invalid, never read
+/// as "no pin"; another module's digest and an earlier version's digest are mismatches.
+#[tokio::test]
+async fn a_pin_is_honoured_only_spelled_as_a_digest_of_the_version_serving() {
+    let runtime = runtime("");
+    let echo = load(&runtime, "echo", "test-echo").await;
+    let sha = echo.sha256().to_string();
+    let other = load(&runtime, "other", "test-slow").await;
+
+    for pin in [
+        sha.clone(),
+        sha.to_uppercase(),
+        format!("sha256:{sha}"),
+        format!("sha256:{}", sha.to_uppercase()),
+        format!(" \t{sha}\n"),
+    ] {
+        let resolved = runtime
+            .resolve("echo", Some(&pin))
+            .unwrap_or_else(|e| panic!("{pin:?} names the version serving: {e}"));
+        assert_eq!(resolved.sha256(), sha, "{pin:?}");
+    }
+    for pin in [
+        String::new(),
+        "   ".into(),
+        "sha256:".into(),
+        format!("SHA256:{sha}"),
+        format!("Sha256:{sha}"),
+        format!("sha256:sha256:{sha}"),
+        format!("sha256: {sha}"),
+        sha[..63].to_string(),
+        format!("{sha}0"),
+        format!("{} {}", &sha[..32], &sha[32..]),
+        format!("0x{}", &sha[2..]),
+        // A fullwidth 'a' (U+FF41) instead of the first digit.
+        format!("\u{ff41}{}", &sha[1..]),
+    ] {
+        let error = runtime
+            .resolve("echo", Some(&pin))
+            .err()
+            .unwrap_or_else(|| panic!("{pin:?} was accepted as a pin"));
+        assert!(
+            matches!(error, ResolveError::InvalidPin { .. }),
+            "{pin:?}: {error}"
+        );
+    }
+    // Another module's digest.
+    let Err(error) = runtime.resolve("echo", Some(other.sha256())) else {
+        panic!("another module's digest was accepted");
+    };
+    assert!(matches!(error, ResolveError::PinMismatch { .. }), "{error}");
+
+    // A reload between the pin check and the call: the module resolved runs the
+    // pinned bytes, and the PV records that version; the earlier digest no longer
+    // resolves.
+    let resolved = runtime.resolve("echo", Some(&sha)).unwrap();
+    drop(echo);
+    runtime
+        .load_file("echo", &guests::module("test-trap"))
+        .await
+        .expect("version 2 loads");
+    assert_eq!(runtime.module("echo").unwrap().info().name, "test-trap");
+    let request = request(&[("version", "pinned")]);
+    assert!(resolved.should_provision(&request).await.unwrap());
+    let volume = resolved
+        .provision(&request)
+        .await
+        .expect("the pinned version runs, not the trapping one")
+        .expect("echo provisions");
+    assert!(
+        volume
+            .annotations
+            .iter()
+            .any(|(k, v)| k == "echo/version" && v == "pinned"),
+        "{volume:?}"
+    );
+    assert_eq!(resolved.sha256(), sha);
+    let Err(error) = runtime.resolve("echo", Some(&sha)) else {
+        panic!("a previously served version's digest was accepted");
+    };
+    assert!(matches!(error, ResolveError::PinMismatch { .. }), "{error}");
+}
+
 #[tokio::test]
 async fn escape_out_of_a_granted_directory_is_refused() {
     let root = tempfile::tempdir().unwrap();
@@ -555,6 +640,243 @@ async fn network_with_a_grant_reaches_the_granted_host_only() {
     );
     other_server.abort();
     assert!(!other_server.await.unwrap_or(false));
+}
+
+/// A loopback HTTP server answering every connection (`200`, or `302` to `redirect`):
+/// returns its address and the head of every request it saw.
+async fn recording_server(
+    bind: &str,
+    redirect: Option<String>,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buffer = vec![0u8; 8192];
+            let read = socket.read(&mut buffer).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&buffer[..read]).to_string();
+            record.lock().unwrap().push(head);
+            let response = match &redirect {
+                Some(location) => format!(
+                    "HTTP/1.1 302 Found\r\nlocation: {location}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                ),
+                None => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+                    .to_string(),
+            };
+            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = socket.shutdown().await;
+        }
+    });
+    (address, seen)
+}
+
+/// The status the `test-network` guest got, or its error.
+async fn get(network: &LoadedModule, url: &str) -> Result<String, String> {
+    match network.provision(&request(&[("url", url)])).await {
+        Ok(Ok(volume)) => Ok(volume
+            .annotations
+            .iter()
+            .find(|(k, _)| k == "test-network/status")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()),
+        Ok(Err(error)) => Err(format!("{error:?}")),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// Spellings of a granted loopback authority (`127.0.0.1:PORT`, scheme http) that name
+/// another host, port or scheme: decimal, hex and octal IPv4, IPv4-mapped IPv6,
+/// `localhost`, `0.0.0.0`, the default port, https, another host behind `@` or `#`, an
+/// authority of 60 000 characters, userinfo before the granted host. None reaches the
+/// server or anywhere else; the trailing-dot variant of the granted host reaches the
+/// granted server only; the
+/// `Host` header the server sees is the granted authority (wasi:http forbids a guest's
+/// own `host` header).
+#[tokio::test]
+async fn http_authority_spellings_reach_only_the_granted_server() {
+    let (address, seen) = recording_server("127.0.0.1:0", None).await;
+    let port = address.port();
+    let runtime = runtime(&format!(
+        "allow: {{ httpHosts: [\"{address}\"] }}\n\
+         modules: {{ network: {{ http: [{{ host: \"{address}\", scheme: http }}] }} }}"
+    ));
+    let network = load(&runtime, "network", "test-network").await;
+
+    let long = format!("{}.example:{port}", "a".repeat(60_000));
+    for authority in [
+        format!("2130706433:{port}"),
+        format!("0x7f.1:{port}"),
+        format!("0x7f000001:{port}"),
+        format!("0177.0.0.1:{port}"),
+        format!("127.1:{port}"),
+        format!("[::ffff:127.0.0.1]:{port}"),
+        format!("[::ffff:7f00:1]:{port}"),
+        format!("[::1]:{port}"),
+        format!("localhost:{port}"),
+        format!("0.0.0.0:{port}"),
+        format!("0:{port}"),
+        "127.0.0.1".to_string(),
+        format!("127.0.0.1:{port}@127.0.0.2:{port}"),
+        format!("127.0.0.2:{port}#@127.0.0.1:{port}"),
+        long,
+    ] {
+        let answer = get(&network, &format!("http://{authority}/")).await;
+        assert!(answer.is_err(), "{authority:.80} was reached: {answer:?}");
+    }
+    let answer = get(&network, &format!("https://{address}/")).await;
+    assert!(answer.is_err(), "https was reached: {answer:?}");
+    // Userinfo: the connect would resolve `user:password@127.0.0.1` (the whole
+    // authority), a name the guest chose and the destination check never saw; refused
+    // as the grants file refuses it.
+    for authority in [
+        format!("user:password@127.0.0.1:{port}"),
+        format!("169.254.169.254@127.0.0.1:{port}"),
+    ] {
+        let answer = get(&network, &format!("http://{authority}/")).await;
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|e| e.contains("HttpRequestDenied")),
+            "{authority}: {answer:?}"
+        );
+    }
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the server saw a refused request: {:?}",
+        seen.lock().unwrap()
+    );
+
+    // The granted authority itself and its trailing-dot spelling: only ever the granted
+    // server, with the granted authority as its Host.
+    for authority in [format!("127.0.0.1:{port}"), format!("127.0.0.1.:{port}")] {
+        let before = seen.lock().unwrap().len();
+        let answer = get(&network, &format!("http://{authority}/")).await;
+        let after = seen.lock().unwrap().clone();
+        match answer {
+            Ok(status) => {
+                assert_eq!(status, "200", "{authority}");
+                assert_eq!(after.len(), before + 1, "{authority}");
+                let head = after.last().unwrap().to_ascii_lowercase();
+                assert!(
+                    head.contains(&format!("\r\nhost: 127.0.0.1:{port}\r\n"))
+                        || head.contains(&format!("\r\nhost: 127.0.0.1.:{port}\r\n")),
+                    "{authority}: {head}"
+                );
+            }
+            Err(_) => assert_eq!(after.len(), before, "{authority}"),
+        }
+    }
+}
+
+/// A granted name in other letter cases and with a trailing dot: the grant matches
+/// (names are case-insensitive) and the request reaches the granted server; another
+/// port of that name does not.
+#[tokio::test]
+async fn http_case_variants_of_a_granted_name_reach_only_it() {
+    let (address, seen) = recording_server("127.0.0.1:0", None).await;
+    let port = address.port();
+    let runtime = runtime(&format!(
+        "allow: {{ httpHosts: [\"localhost:{port}\"] }}\n\
+         modules: {{ network: {{ http: [{{ host: \"LocalHost:{port}\", scheme: http }}] }} }}"
+    ));
+    let network = load(&runtime, "network", "test-network").await;
+    for authority in [format!("LOCALHOST:{port}"), format!("localhost:{port}")] {
+        let before = seen.lock().unwrap().len();
+        let answer = get(&network, &format!("http://{authority}/")).await;
+        assert_eq!(answer, Ok("200".to_string()), "{authority}");
+        assert_eq!(seen.lock().unwrap().len(), before + 1, "{authority}");
+    }
+    // A trailing dot may not resolve here; if it does, it reaches the granted server.
+    let before = seen.lock().unwrap().len();
+    let answer = get(&network, &format!("http://LocalHost.:{port}/")).await;
+    let reached = seen.lock().unwrap().len() - before;
+    assert_eq!(reached, usize::from(answer.is_ok()), "{answer:?}");
+    let answer = get(&network, &format!("http://LOCALHOST:{}/", port + 1)).await;
+    assert!(
+        answer
+            .as_ref()
+            .is_err_and(|e| e.contains("HttpRequestDenied")),
+        "{answer:?}"
+    );
+}
+
+/// A granted server answering `302 Found` to another loopback port: wasi:http hands the
+/// guest the 302 and follows nothing, so the redirect target never sees a request.
+#[tokio::test]
+async fn http_redirects_are_not_followed() {
+    let (target, target_seen) = recording_server("127.0.0.1:0", None).await;
+    let (address, seen) =
+        recording_server("127.0.0.1:0", Some(format!("http://{target}/stolen"))).await;
+    let runtime = runtime(&format!(
+        "allow: {{ httpHosts: [\"{address}\"] }}\n\
+         modules: {{ network: {{ http: [{{ host: \"{address}\", scheme: http }}] }} }}"
+    ));
+    let network = load(&runtime, "network", "test-network").await;
+    let answer = get(&network, &format!("http://{address}/")).await;
+    assert_eq!(answer, Ok("302".to_string()));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        target_seen.lock().unwrap().is_empty(),
+        "the redirect was followed: {:?}",
+        target_seen.lock().unwrap()
+    );
+}
+
+/// Grants of an unspecified address (`0.0.0.0`, `[::]`: connecting there reaches the
+/// host's own loopback) are refused before any connection, so a server listening on
+/// loopback at that port sees nothing.
+#[tokio::test]
+async fn granted_unspecified_addresses_are_refused_before_connecting() {
+    let (v4, v4_seen) = recording_server("127.0.0.1:0", None).await;
+    let v6 = tokio::net::TcpListener::bind("[::1]:0")
+        .await
+        .ok()
+        .map(|l| {
+            let port = l.local_addr().unwrap().port();
+            drop(l);
+            port
+        });
+    let mut hosts = vec![format!("0.0.0.0:{}", v4.port())];
+    let mut v6_seen = None;
+    if let Some(port) = v6 {
+        let (_, seen) = recording_server(&format!("[::1]:{port}"), None).await;
+        hosts.push(format!("[::]:{port}"));
+        v6_seen = Some(seen);
+    }
+    let grants: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("{{ host: \"{h}\", scheme: http }}"))
+        .collect();
+    let runtime = runtime(&format!(
+        "allow: {{ httpHosts: [{}] }}\nmodules: {{ network: {{ http: [{}] }} }}",
+        hosts
+            .iter()
+            .map(|h| format!("\"{h}\""))
+            .collect::<Vec<_>>()
+            .join(", "),
+        grants.join(", ")
+    ));
+    let network = load(&runtime, "network", "test-network").await;
+    for host in &hosts {
+        let answer = get(&network, &format!("http://{host}/")).await;
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|e| e.contains("DestinationIpProhibited")),
+            "{host}: {answer:?}"
+        );
+    }
+    assert!(v4_seen.lock().unwrap().is_empty());
+    if let Some(seen) = v6_seen {
+        assert!(seen.lock().unwrap().is_empty());
+    }
 }
 
 #[tokio::test]

@@ -560,11 +560,24 @@ async fn module_swapped_while_claims_are_provisioned() -> anyhow::Result<()> {
     for i in 8..10 {
         fx.claim(&format!("c{i}"), &class, "1Gi", json!({})).await?;
     }
+    let digest = |guest: &str| -> anyhow::Result<String> {
+        use sha2::Digest as _;
+        let bytes = std::fs::read(wasm_provisioner_tests::guests::module(guest))?;
+        Ok(hex::encode(sha2::Sha256::digest(&bytes)))
+    };
+    let (v1_sha256, v2_sha256) = (digest("test-echo")?, digest("minimal")?);
     let mut served_by_v1 = 0;
     for i in 0..10 {
         let pv = fx.wait_bound(&format!("c{i}")).await?;
         let v1 = pv.annotations().contains_key("echo/volume-name");
         served_by_v1 += usize::from(v1);
+        // The PV records the digest of the version that answered, not of the one
+        // serving when the PV was saved.
+        assert_eq!(
+            pv.annotations().get("wasm-provisioner.dev/module-sha256"),
+            Some(if v1 { &v1_sha256 } else { &v2_sha256 }),
+            "c{i}"
+        );
         if i >= 8 {
             assert!(
                 !v1,
@@ -757,6 +770,253 @@ async fn a_static_or_reserved_volume_is_bound_before_anything_is_provisioned() -
     for name in [&offered, &reserved] {
         volumes.delete(name, &DeleteParams::default()).await?;
     }
+    drop(host);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// Guest log lines of `echo` for `call` (`provision`, `delete`, ...) of volume `volume`.
+fn echo_calls(host: &wasm_provisioner_tests::host::Host, call: &str, volume: &str) -> usize {
+    host.log_text()
+        .lines()
+        .filter(|line| line.contains(&format!("echo: {call}")) && line.contains(volume))
+        .count()
+}
+
+/// A tenant of another namespace goes after a claim whose volume is being made: a claim
+/// naming the victim's future PV (`pvc-<victim uid>`) in `spec.volumeName`, claims
+/// carrying every annotation and the finalizer of the provisioner (storage-provisioner
+/// GA and beta, selected-node, `wasm-provisioner.dev/module` and `-sha256`,
+/// `wasm-provisioner.dev/provisioning`), one of them of another provisioner's class
+/// (that names a module). The victim's PV is bound to the victim only; the squatter
+/// gets nothing; the copycat gets a PV of its own uid; the other provisioner's claim
+/// gets nothing from us; deleting the tenant's claims never deletes the victim's
+/// backend volume.
+#[tokio::test]
+async fn a_tenant_claim_cannot_take_or_delete_another_namespaces_volume() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("theft").await?;
+    fx.install_module("test-echo", "echo");
+    let tenant = wasm_provisioner_tests::cluster::TestContext::new("theft-tenant").await?;
+    let tenant_claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(tenant.client.clone(), &tenant.namespace);
+    let host = fx.host(&[]);
+
+    let outcome = fx.module_data("echo").join("outcome");
+    std::fs::write(&outcome, "in-background")?;
+    let class = fx
+        .class("echo", &[("outcomeFile", "/volumes/outcome")], json!({}))
+        .await?;
+    let victim = fx.claim("victim", &class, "1Gi", json!({})).await?;
+    let victim_uid = victim.uid().unwrap_or_default();
+    let victim_pv = format!("pvc-{victim_uid}");
+    fx.wait_claim("victim", "in flight (our finalizer)", |c| {
+        c.is_some_and(|c| has_finalizer(c, FINALIZER_CLAIM))
+    })
+    .await?;
+
+    let other: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(json!({
+        "metadata": { "name": format!("other-{}", fx.ctx.namespace) },
+        "provisioner": "someone-else.example.com",
+        "parameters": { "module": "echo", "outcomeFile": "/volumes/outcome" },
+    }))?;
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(fx.ctx.client.clone());
+    classes.create(&PostParams::default(), &other).await?;
+    let hostile = |name: &str, class: &str, volume_name: Option<&str>| {
+        let mut claim = json!({
+            "metadata": {
+                "name": name,
+                "annotations": {
+                    "volume.kubernetes.io/storage-provisioner": fx.provisioner,
+                    "volume.beta.kubernetes.io/storage-provisioner": fx.provisioner,
+                    "wasm-provisioner.dev/module": "echo",
+                    "wasm-provisioner.dev/module-sha256": "0".repeat(64),
+                },
+                "finalizers": [FINALIZER_CLAIM],
+            },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": class,
+                "resources": { "requests": { "storage": "1Gi" } },
+            },
+        });
+        if let Some(volume_name) = volume_name {
+            claim["spec"]["volumeName"] = json!(volume_name);
+            claim["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] =
+                json!("victim-node");
+        }
+        serde_json::from_value::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(claim)
+    };
+    let squatter = tenant_claims
+        .create(
+            &PostParams::default(),
+            &hostile("squatter", &class, Some(&victim_pv))?,
+        )
+        .await?;
+    let copycat = tenant_claims
+        .create(&PostParams::default(), &hostile("copycat", &class, None)?)
+        .await?;
+    let foreign = tenant_claims
+        .create(
+            &PostParams::default(),
+            &hostile("foreign", &other.name_any(), None)?,
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    std::fs::write(&outcome, "ok")?;
+    let pv = fx.wait_bound("victim").await?;
+    assert_eq!(pv.name_any(), victim_pv);
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.clone()).unwrap();
+    assert_eq!(claim_ref.uid.as_deref(), Some(victim_uid.as_str()));
+    assert_eq!(
+        claim_ref.namespace.as_deref(),
+        Some(fx.ctx.namespace.as_str())
+    );
+    assert_eq!(claim_ref.name.as_deref(), Some("victim"));
+
+    // The copycat gets a volume of its own, named for its own uid.
+    let copycat_pv = format!("pvc-{}", copycat.uid().unwrap_or_default());
+    let bound = wait_for("the copycat's own volume", WAIT, || async {
+        let claim = tenant_claims.get("copycat").await?;
+        let phase = claim.status.as_ref().and_then(|s| s.phase.clone());
+        Ok((phase.as_deref() == Some("Bound"))
+            .then(|| claim.spec.and_then(|s| s.volume_name))
+            .flatten())
+    })
+    .await?;
+    assert_eq!(bound, copycat_pv);
+    let mine = fx.volumes().get(&copycat_pv).await?;
+    let claim_ref = mine
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.clone())
+        .unwrap();
+    assert_eq!(
+        claim_ref.namespace.as_deref(),
+        Some(tenant.namespace.as_str())
+    );
+    assert_eq!(claim_ref.uid, copycat.uid());
+    // Our annotations on a claim never reach a PV: the PV records the version that
+    // made it.
+    let recorded = mine
+        .annotations()
+        .get("wasm-provisioner.dev/module-sha256")
+        .cloned()
+        .unwrap_or_default();
+    let echo_sha256 = {
+        use sha2::Digest as _;
+        let bytes = std::fs::read(wasm_provisioner_tests::guests::module("test-echo"))?;
+        hex::encode(sha2::Sha256::digest(&bytes))
+    };
+    assert_eq!(recorded, echo_sha256);
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let squatter_now = tenant_claims.get("squatter").await?;
+    assert_ne!(
+        squatter_now
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref()),
+        Some("Bound"),
+        "the squatter was bound"
+    );
+    for uid in [squatter.uid(), foreign.uid()] {
+        let name = format!("pvc-{}", uid.unwrap_or_default());
+        assert!(
+            fx.volumes().get_opt(&name).await?.is_none(),
+            "{name} was provisioned"
+        );
+        assert_eq!(echo_calls(&host, "provision", &name), 0, "{name}");
+    }
+    let pv = fx.volumes().get(&victim_pv).await?;
+    assert_eq!(
+        pv.spec.and_then(|s| s.claim_ref).and_then(|r| r.uid),
+        Some(victim_uid.clone())
+    );
+
+    // The tenant deletes its claims (the one of another provisioner's class keeps our
+    // finalizer: we never act on it, so the tenant removes it): the victim's volume
+    // is never deleted.
+    tenant_claims
+        .patch(
+            "foreign",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await?;
+    for name in ["squatter", "copycat", "foreign"] {
+        tenant_claims.delete(name, &DeleteParams::default()).await?;
+    }
+    wait_for("the tenant's claims gone", WAIT, || async {
+        let left = tenant_claims.list(&Default::default()).await?.items.len();
+        Ok((left == 0).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", host.log_text()))?;
+    fx.wait_volume_gone(&copycat_pv).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(echo_calls(&host, "delete", &victim_pv), 0);
+    let victim_now = fx.claims().get("victim").await?;
+    assert_eq!(
+        victim_now.status.and_then(|s| s.phase).as_deref(),
+        Some("Bound")
+    );
+    assert!(fx.volumes().get_opt(&victim_pv).await?.is_some());
+
+    classes
+        .delete(&other.name_any(), &DeleteParams::default())
+        .await?;
+    drop(host);
+    tenant.cleanup().await;
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// A claim deleted while the module is making its volume, and recreated at once with
+/// the same name (a new uid): the volume made for the old claim is never bound to the
+/// new one (its PV, if saved, names the old uid and is deleted with its backend), and
+/// the new claim gets a volume of its own uid.
+#[tokio::test]
+async fn a_claim_recreated_mid_provision_gets_only_its_own_volume() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("recreate").await?;
+    fx.write_grants(&["slow"])?;
+    fx.install_module("test-slow", "slow");
+    let host = fx.host(&[]);
+    let class = fx
+        .class("slow", &[("sleepMillis", "4000")], json!({}))
+        .await?;
+    let old = fx.claim("data", &class, "1Mi", json!({})).await?;
+    let old_pv = format!("pvc-{}", old.uid().unwrap_or_default());
+    fx.wait_claim_event("data", "Provisioning").await?;
+    fx.claims().delete("data", &DeleteParams::default()).await?;
+    fx.wait_claim("data", "gone", |c| c.is_none()).await?;
+    let new = fx.claim("data", &class, "1Mi", json!({})).await?;
+    let new_uid = new.uid().unwrap_or_default();
+
+    let pv = fx
+        .wait_bound("data")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", host.log_text()))?;
+    assert_eq!(pv.name_any(), format!("pvc-{new_uid}"));
+    assert_eq!(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.claim_ref.as_ref())
+            .and_then(|r| r.uid.clone()),
+        Some(new_uid.clone())
+    );
+    // The old claim's volume, if its PV was saved, is released and deleted.
+    let published_for_old = host
+        .log_text()
+        .lines()
+        .any(|line| line.contains("provisioned") && line.contains(&old_pv));
+    eprintln!("the old claim's volume was published after the claim went: {published_for_old}");
+    fx.wait_volume_gone(&old_pv)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", host.log_text()))?;
+    let claim = fx.claims().get("data").await?;
+    assert_eq!(claim.uid(), Some(new_uid));
+    assert_eq!(claim.spec.and_then(|s| s.volume_name), Some(pv.name_any()));
     drop(host);
     fx.cleanup().await;
     Ok(())

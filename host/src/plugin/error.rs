@@ -256,4 +256,9 @@ pub enum ResolveError {
         "the class's moduleSHA256 {pinned:?} for module {module} is not a sha256 digest (64 hex digits, optionally prefixed with sha256:)"
     )]
     InvalidPin { module: String, pinned: String },
+    #[error(
+        "the class parameter {key:?} of module {module} looks like a misspelled moduleSHA256; \
+         the class is not provisioned until it is spelled moduleSHA256 (or removed)"
+    )]
+    MisspelledPin { module: String, key: String },
 }

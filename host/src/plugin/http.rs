@@ -45,6 +45,19 @@ impl WasiHttpHooks for OutboundHttp {
             .unwrap_or(if scheme == "http" { 80 } else { 443 });
         let module = self.module.clone();
 
+        // `user@host`: the grant matches `host`, but the connection would resolve the
+        // whole authority (`user@host`), a name the guest chose and the destination
+        // check below never saw. Grants refuse user information; so do requests.
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            tracing::warn!(
+                module = %module,
+                scheme, host, port,
+                "refused outbound HTTP request: user information in the authority \
+                 (user@host) is not allowed; send credentials in a header"
+            );
+            return Box::new(async { Err(Error::HttpRequestDenied) });
+        }
+
         if !self
             .grants
             .iter()
@@ -118,6 +131,14 @@ pub(crate) fn is_forbidden_destination(ip: IpAddr) -> bool {
                 return is_forbidden_destination(IpAddr::V4(v4));
             }
             let segments = v6.segments();
+            // NAT64's well-known prefix (64:ff9b::/96, RFC 6052): a DNS64 resolver
+            // answers it for an IPv4-only name, and the gateway connects to the IPv4
+            // address in its last 32 bits.
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let [.., high, low] = segments;
+                let v4 = std::net::Ipv4Addr::from((u32::from(high) << 16) | u32::from(low));
+                return is_forbidden_destination(IpAddr::V4(v4));
+            }
             v6.is_unspecified()
                 || v6.is_multicast()
                 || (segments[0] & 0xffc0) == 0xfe80
@@ -142,6 +163,9 @@ mod tests {
             "::",
             "fd00:ec2::254",
             "::ffff:169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::169.254.169.254",
+            "64:ff9b::0.0.0.0",
         ] {
             assert!(is_forbidden_destination(ip.parse().unwrap()), "{ip}");
         }
@@ -151,6 +175,7 @@ mod tests {
             "93.184.216.34",
             "::1",
             "2001:db8::1",
+            "64:ff9b::93.184.216.34",
         ] {
             assert!(!is_forbidden_destination(ip.parse().unwrap()), "{ip}");
         }

@@ -41,7 +41,7 @@ pub use module::{LoadedModule, VERSION_DIGITS};
 pub use module_file::DEFAULT_MAX_MODULE_BYTES;
 pub use preopen::{GrantDirectoryError, GrantDirectoryProblem};
 pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
-pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError};
+pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError, class_pin};
 pub use volume_grants::{SourceRefused, VolumeDirectory, VolumeGrants};
 
 /// Most characters of a module name.

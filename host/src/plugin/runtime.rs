@@ -22,6 +22,30 @@ use super::module_file::{DEFAULT_MAX_MODULE_BYTES, ModuleFileError, read_module_
 use super::preopen::{GrantDirectoryError, GrantedDirectories};
 use super::sandbox::{GuestState, linker};
 
+/// The `moduleSHA256` pin among a class's parameters. A key differing from it only in
+/// letter case (`moduleSha256`) is an error, not an unpinned class: the admin meant a
+/// pin, and the plugin would otherwise get it as a plain parameter while any version
+/// ran.
+pub fn class_pin<'a>(
+    module: &str,
+    parameters: Option<&'a BTreeMap<String, String>>,
+) -> Result<Option<&'a str>, ResolveError> {
+    let Some(parameters) = parameters else {
+        return Ok(None);
+    };
+    let pin = crate::names::PARAM_MODULE_SHA256;
+    if let Some(key) = parameters
+        .keys()
+        .find(|key| key.as_str() != pin && key.eq_ignore_ascii_case(pin))
+    {
+        return Err(ResolveError::MisspelledPin {
+            module: module.to_string(),
+            key: key.clone(),
+        });
+    }
+    Ok(parameters.get(pin).map(String::as_str))
+}
+
 /// Compilations running at once: compiling is CPU-heavy and must not starve the
 /// controllers (Cranelift itself compiles functions in parallel).
 pub const COMPILE_CONCURRENCY: usize = 1;
@@ -189,7 +213,9 @@ impl Runtime {
             module: name.to_string(),
             loaded: self.read_modules().keys().cloned().collect(),
         })?;
-        if let Some(pinned) = pinned_sha256.map(str::trim).filter(|p| !p.is_empty()) {
+        // A pin present but empty (a template that rendered nothing) is refused, never
+        // read as "no pin": a class pinned by mistake to nothing must not run any bytes.
+        if let Some(pinned) = pinned_sha256.map(str::trim) {
             let digest = pinned
                 .strip_prefix("sha256:")
                 .unwrap_or(pinned)

@@ -239,8 +239,9 @@ pub(super) async fn resolve_module(
             names::PARAM_MODULE
         ),
         Some(module) => {
-            let pinned = parameters.and_then(|p| p.get(names::PARAM_MODULE_SHA256));
-            match ctx.runtime.resolve(module, pinned.map(String::as_str)) {
+            let resolved = crate::plugin::class_pin(module, parameters)
+                .and_then(|pinned| ctx.runtime.resolve(module, pinned));
+            match resolved {
                 Ok(loaded) => return Ok(loaded),
                 Err(error) => format!("storage class {class_name:?}: {error}"),
             }
