@@ -35,6 +35,7 @@ pub const TEST_VOLUME_GRANTS: &str = "    volumes:
         - { pathPrefix: /srv/economy-trickle, directory: /volumes }
         - { pathPrefix: /srv/load, directory: /volumes }
         - { pathPrefix: /srv/slow, directory: /volumes }
+        - { pathPrefix: /srv/minimal, directory: /volumes }
         - { pathPrefix: /var/lib/wasm-provisioner/hostpath, directory: /volumes }
         - { pathPrefix: /var/lib/wasm-provisioner/quota, directory: /volumes }
       local:
