@@ -86,6 +86,10 @@ pub struct MemoryLimiter {
     pending_table_bytes: u64,
     /// Set when a growth was refused: a trap after that is reported as memory exhaustion.
     exhausted: bool,
+    /// Linear memories and tables the store may create: the call's version's need,
+    /// what its module reserved of the instance pool (see `pool`).
+    max_memories: usize,
+    max_tables: usize,
 }
 
 impl MemoryLimiter {
@@ -96,7 +100,18 @@ impl MemoryLimiter {
             pending_memory_bytes: 0,
             pending_table_bytes: 0,
             exhausted: false,
+            max_memories: MAX_MEMORIES,
+            max_tables: MAX_TABLES,
         }
+    }
+
+    /// At most `memories` linear memories and `tables` tables in the store (never more
+    /// than [`MAX_MEMORIES`] and [`MAX_TABLES`]): a component's instantiation is static,
+    /// so its calls create exactly what it defines, and this only holds them to it.
+    pub fn with_slots(mut self, memories: u32, tables: u32) -> Self {
+        self.max_memories = (memories as usize).min(MAX_MEMORIES);
+        self.max_tables = (tables as usize).min(MAX_TABLES);
+        self
     }
 
     /// Whether the guest asked for more memory than its budget at some point.
@@ -172,11 +187,11 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     }
 
     fn tables(&self) -> usize {
-        MAX_TABLES
+        self.max_tables
     }
 
     fn memories(&self) -> usize {
-        MAX_MEMORIES
+        self.max_memories
     }
 }
 

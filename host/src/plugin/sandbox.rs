@@ -19,6 +19,7 @@ use super::grants::ModuleGrants;
 use super::http::OutboundHttp;
 use super::limits::MemoryLimiter;
 use super::log::{CallTag, GuestLog};
+use super::pool::CallNeed;
 use super::preopen::ModuleDirectories;
 
 /// The data of a call's `Store`.
@@ -116,6 +117,9 @@ pub(crate) struct Sandbox {
     http: Arc<[super::grants::HttpGrant]>,
     /// The granted directories, opened at start.
     directories: Arc<ModuleDirectories>,
+    /// The memories and tables one call of the version defines: its store may create
+    /// no more (what the module reserved of the instance pool).
+    need: CallNeed,
 }
 
 impl Sandbox {
@@ -124,6 +128,7 @@ impl Sandbox {
         version: Arc<str>,
         grants: ModuleGrants,
         directories: Arc<ModuleDirectories>,
+        need: CallNeed,
     ) -> Self {
         let http = grants.http.clone().into();
         Sandbox {
@@ -132,6 +137,7 @@ impl Sandbox {
             grants,
             http,
             directories,
+            need,
         }
     }
 
@@ -170,7 +176,8 @@ impl Sandbox {
                 grants: self.http.clone(),
                 timeout: limits.timeout,
             },
-            limiter: MemoryLimiter::new(limits.memory_bytes),
+            limiter: MemoryLimiter::new(limits.memory_bytes)
+                .with_slots(self.need.memories, self.need.tables),
             log,
         };
         let mut store = Store::new(engine, state);
