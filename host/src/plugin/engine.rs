@@ -18,9 +18,10 @@ use super::limits::{MAX_INSTANCES, MAX_MEMORIES, MAX_TABLE_ELEMENTS, MAX_TABLES}
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Default of `--max-guest-instances`: guest instances alive at once, every module
-/// together (the size of the instance pool). Calls run inside the controllers' workers
-/// (`--threads` per controller, two controllers) plus a module's `describe` at each
-/// load, so this leaves room for eight times the default 16 workers.
+/// together (the size of the instance pool). Each module reserves one instance per call
+/// of its `maxConcurrentCalls` (see `pool`), so this holds 16 modules at the default 8
+/// calls (15 while one is replaced with calls in flight: the new version's `describe`
+/// is reserved on top).
 pub const DEFAULT_MAX_GUEST_INSTANCES: u32 = 128;
 
 /// Linear-memory and table slots of the pool per instance of `--max-guest-instances`
