@@ -263,6 +263,31 @@ mod tests {
         assert_eq!(limiter.total_bytes(), 0);
     }
 
+    /// A store may create no more memories and tables than its version reserved of
+    /// the instance pool: an instance defining one more fails to instantiate.
+    #[test]
+    fn a_store_creates_no_more_memories_and_tables_than_reserved() {
+        let engine = wasmtime::Engine::default();
+        let instantiate = |memories: u32, tables: u32, wat: &str| {
+            let module = wasmtime::Module::new(&engine, wat::parse_str(wat).unwrap()).unwrap();
+            let mut store = wasmtime::Store::new(
+                &engine,
+                MemoryLimiter::new(4 * MIB as u64).with_slots(memories, tables),
+            );
+            store.limiter(|limiter| limiter);
+            wasmtime::Instance::new(&mut store, &module, &[]).map(|_| ())
+        };
+        let two = "(module (memory 1) (memory 1) (table 1 funcref) (table 1 funcref))";
+        instantiate(2, 2, two).expect("exactly what it reserved");
+        for (memories, tables) in [(1, 2), (2, 1)] {
+            let error = instantiate(memories, tables, two).unwrap_err();
+            assert!(
+                format!("{error:#}").contains("resource limit exceeded"),
+                "{error:#}"
+            );
+        }
+    }
+
     #[test]
     fn failed_growth_is_given_back() {
         let mut limiter = MemoryLimiter::new(4 * MIB as u64);
