@@ -70,10 +70,11 @@ pub struct PluginArgs {
     pub max_module_bytes: u64,
 
     /// Guest instances alive at once, every module together: the size of the pool
-    /// each call's instance comes from. A call finding it full does not start and is
-    /// retried soon, like a module at its maxConcurrentCalls. 0: no pool, the
-    /// on-demand allocator (each call maps its memory afresh), as when the pool's
-    /// address space cannot be reserved.
+    /// each call's instance comes from (and 4 linear memories and 4 tables per
+    /// instance). Each module reserves its share at load, what one call defines times
+    /// its maxConcurrentCalls; a module version that does not fit beside the others is
+    /// refused at load. 0: no pool, the on-demand allocator (each call maps its memory
+    /// afresh, nothing to share), as when the pool's address space cannot be reserved.
     #[arg(long, env = "WASM_PROVISIONER_MAX_GUEST_INSTANCES", default_value_t = crate::plugin::engine::DEFAULT_MAX_GUEST_INSTANCES, value_parser = clap::value_parser!(u32).range(0..=65536))]
     pub max_guest_instances: u32,
 }

@@ -306,12 +306,16 @@ async fn aliased_answer_is_stopped_while_lifting() {
 
 /// Every call runs in a fresh instance: with the pooling allocator a call reuses the
 /// memory, table and stack slots of an earlier one (one slot here, so every call takes
-/// the same), and nothing it left there may be visible: globals re-initialised, memory
-/// zeroed, the memory image restored.
+/// the same; one call at a time, so the module fits), and nothing it left there may be
+/// visible: globals re-initialised, memory zeroed, the memory image restored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_never_sees_what_an_earlier_call_left_in_its_instance() {
     let _one_at_a_time = RSS.lock().await;
-    let grants = Grants::from_yaml("{}", "test grants").expect("valid grants");
+    let grants = Grants::from_yaml(
+        "modules: { fresh: { limits: { maxConcurrentCalls: 1 } } }",
+        "test grants",
+    )
+    .expect("valid grants");
     let runtime = Runtime::new(RuntimeConfig {
         grants,
         max_guest_instances: 1,

@@ -272,14 +272,17 @@ async fn concurrency_limit_refuses_the_extra_call() {
     assert!(spin.should_provision(&request(&[])).await.unwrap());
 }
 
-/// The instance pool (`--max-guest-instances`) bounds the calls of every module
-/// together: a call finding it full does not start, fails at once as busy (retried by
-/// the controllers without an Event or a failed attempt), and the pool takes calls
-/// again once the running one ends.
+/// The instance pool (`--max-guest-instances`) is shared by every module, each holding
+/// its share (what one call needs times its `maxConcurrentCalls`) from its load on: a
+/// module that does not fit beside the others is refused at load, with what it needs
+/// and what to do, instead of its calls and the others' failing later for want of a
+/// slot. Its share is back once the module is out of service, and the refused module
+/// then loads.
 #[tokio::test]
-async fn a_full_instance_pool_refuses_the_extra_call_as_busy() {
+async fn a_module_that_does_not_fit_the_pool_beside_the_others_is_refused_at_load() {
     let grants = Grants::from_yaml(
-        "modules: { spin: { limits: { timeoutSeconds: 2 } } }",
+        "modules: { spin: { limits: { timeoutSeconds: 2, maxConcurrentCalls: 1 } }, \
+         hostpath: { limits: { maxConcurrentCalls: 1 } } }",
         "test grants",
     )
     .unwrap();
@@ -290,35 +293,32 @@ async fn a_full_instance_pool_refuses_the_extra_call_as_busy() {
     })
     .unwrap();
     let spin = load(&runtime, "spin", "test-spin").await;
-    let other = load(&runtime, "hostpath", "hostpath").await;
-    let running = start_spinning(&spin).await;
-    // The spinning call holds the only slot once it is instantiated (a moment after it
-    // took its module's permit): until then the other call may still get the slot.
-    let deadline = Instant::now() + Duration::from_secs(1);
-    let error = loop {
-        match other.should_provision(&request(&[])).await {
-            Err(error) => break error,
-            Ok(_) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the full pool never refused a call"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
-    assert!(matches!(error, CallError::InstancesFull { .. }), "{error}");
-    assert!(error.is_busy() && error.is_transient(), "{error}");
-    assert_eq!(error.metric_label(), "busy");
+    let error = runtime
+        .load_file("hostpath", &guests::module("hostpath"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LoadError::PoolShare { .. }), "{error}");
     let message = error.to_string();
-    assert!(
-        message.contains("module hostpath") && message.contains("--max-guest-instances"),
-        "{message}"
-    );
+    for part in [
+        "module hostpath",
+        "x 1 calls",
+        "only 3 memories",
+        "0 instances are left",
+        "--max-guest-instances 1",
+        "modules.hostpath.limits.maxConcurrentCalls",
+    ] {
+        assert!(message.contains(part), "{part:?} missing in: {message}");
+    }
+    assert!(runtime.module("hostpath").is_none());
+    // The module in service keeps its whole share: its call runs.
+    let running = start_spinning(&spin).await;
     let first = running.await.unwrap().unwrap_err();
     assert!(matches!(first, CallError::Timeout { .. }), "{first}");
-    // The slot is back: calls start again.
-    assert!(other.should_provision(&request(&[])).await.unwrap());
+    // Out of service (its calls over), it gives its share back.
+    drop(spin);
+    runtime.remove("spin");
+    let hostpath = load(&runtime, "hostpath", "hostpath").await;
+    assert!(hostpath.should_provision(&request(&[])).await.unwrap());
 }
 
 #[tokio::test]

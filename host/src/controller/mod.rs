@@ -11,6 +11,7 @@ mod events;
 pub mod faults;
 mod finalizers;
 mod journal;
+mod pool_full;
 mod recent;
 pub mod retry;
 pub mod shares;

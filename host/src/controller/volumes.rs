@@ -205,6 +205,9 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     {
         Ok(true) => {}
         Err(error) if error.is_busy() => return Ok(busy(pv, &error)),
+        Err(error) if error.is_pool_full() => {
+            return Ok(super::pool_full::volume(&ctx.events, pv, &error).await);
+        }
         Ok(false) => {
             info!(volume = %volume_name, module = module.name(), "plugin declined to delete (should-delete said no)");
             return Ok(Action::await_change());
@@ -252,6 +255,9 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
             return Ok(Action::requeue(IN_BACKGROUND_REQUEUE));
         }
         Err(error) if error.is_busy() => return Ok(busy(pv, &error)),
+        Err(error) if error.is_pool_full() => {
+            return Ok(super::pool_full::volume(&ctx.events, pv, &error).await);
+        }
         Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
     }
     ctx.settings.faults.after(Step::GuestDelete, &volume_name);

@@ -18,19 +18,18 @@ use super::limits::{MAX_INSTANCES, MAX_MEMORIES, MAX_TABLE_ELEMENTS, MAX_TABLES}
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Default of `--max-guest-instances`: guest instances alive at once, every module
-/// together (the size of the instance pool). Calls run inside the controllers' workers
-/// (`--threads` per controller, two controllers) plus a module's `describe` at each
-/// load, so this leaves room for eight times the default 16 workers.
+/// together (the size of the instance pool). Each module reserves one instance per call
+/// of its `maxConcurrentCalls` (see `pool`), so this holds 16 modules at the default 8
+/// calls (15 while one is replaced with calls in flight: the new version's `describe`
+/// is reserved on top).
 pub const DEFAULT_MAX_GUEST_INSTANCES: u32 = 128;
 
-/// Per call, at most this many core instances, linear memories and tables are expected
-/// on average when the pool is sized (a Rust guest has 4 core instances, 1 memory; a
-/// Python or JavaScript guest more). One call can use up to the store limits
-/// (`MAX_INSTANCES`, `MAX_MEMORIES`, `MAX_TABLES`); the pool as a whole holds this many
-/// times `--max-guest-instances`.
-const CORE_INSTANCES_PER_CALL: u32 = 16;
-const MEMORIES_PER_CALL: u32 = 4;
-const TABLES_PER_CALL: u32 = 4;
+/// Linear-memory and table slots of the pool per instance of `--max-guest-instances`
+/// (a Rust guest's call takes 1 memory; a Python or JavaScript guest's more). Each
+/// module reserves its share of them at load, what one call defines times its
+/// `maxConcurrentCalls` (see `pool`); a version that does not fit is refused.
+pub const MEMORIES_PER_INSTANCE: u32 = 4;
+pub const TABLES_PER_INSTANCE: u32 = 4;
 
 /// Of each pooled linear memory, at most this many bytes the last call wrote are reset
 /// in place when the call ends (restored to the module's initial image, or zeroed)
@@ -173,19 +172,24 @@ fn common() -> Config {
 /// (zeroed, its copy-on-write image restored) when the call ends: nothing carries over.
 ///
 /// The price is address space, not memory: each linear-memory slot reserves 4 GiB plus
-/// a guard, never touched unless used (`MEMORIES_PER_CALL` x 128 instances is about
-/// 2 TiB of the 128 TiB a 64-bit process has). A call finding the pool full fails at
-/// once as busy (`CallError::InstancesFull`) and is retried, like a module at its
-/// `maxConcurrentCalls`.
+/// a guard, never touched unless used (`MEMORIES_PER_INSTANCE` x 128 instances is about
+/// 2 TiB of the 128 TiB a 64-bit process has).
+///
+/// Every module's calls fit the pool together: each module version reserves its share
+/// at load (`pool`). Core instances are only a counter in the pool (no memory behind
+/// them) and no public API tells how many a component makes, so the pool allows the
+/// store's maximum (`MAX_INSTANCES`) for every instance: they cannot run out. A call
+/// that still finds the pool full fails at once (`CallError::InstancesFull`, metric
+/// label `pool_full`, a Warning Event).
 fn pooling(pool: InstancePool) -> PoolingAllocationConfig {
     let instances = pool.max_guest_instances.max(1);
     let mut config = PoolingAllocationConfig::new();
     config
         .total_component_instances(instances)
         .total_stacks(instances)
-        .total_core_instances(instances.saturating_mul(CORE_INSTANCES_PER_CALL))
-        .total_memories(instances.saturating_mul(MEMORIES_PER_CALL))
-        .total_tables(instances.saturating_mul(TABLES_PER_CALL))
+        .total_core_instances(instances.saturating_mul(MAX_INSTANCES as u32))
+        .total_memories(instances.saturating_mul(MEMORIES_PER_INSTANCE))
+        .total_tables(instances.saturating_mul(TABLES_PER_INSTANCE))
         .max_core_instances_per_component(MAX_INSTANCES as u32)
         .max_memories_per_component(MAX_MEMORIES as u32)
         .max_tables_per_component(MAX_TABLES as u32)

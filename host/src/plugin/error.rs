@@ -102,11 +102,15 @@ pub enum CallError {
         target: CallTarget,
         max_concurrent_calls: u32,
     },
-    /// Every slot of the host's instance pool is in use (`--max-guest-instances`): like
-    /// `Busy`, the call did not start and is retried soon.
+    /// The host's instance pool (`--max-guest-instances`) had no slot left for the
+    /// call. Each module reserves its share at load, so this is not the module's own
+    /// limit but a host misconfiguration worth a Warning: the call did not start and is
+    /// retried soon.
     #[error(
-        "{target} refused: the host already runs as many guest instances as it holds \
-         ({cause}; --max-guest-instances); retry later"
+        "{target} refused: the host's instance pool is full ({cause}), although every \
+         module in service reserved its share of it; raise --max-guest-instances, or lower \
+         modules.{}.limits.maxConcurrentCalls or the other modules'; retried shortly",
+        target.module
     )]
     InstancesFull { target: CallTarget, cause: String },
     #[error("{target} returned a malformed answer: {reason}")]
@@ -122,7 +126,8 @@ impl CallError {
             CallError::Trap { .. } => "trap",
             CallError::Timeout { .. } | CallError::Stuck { .. } => "timeout",
             CallError::MemoryExhausted { .. } => "memory_exhausted",
-            CallError::Busy { .. } | CallError::InstancesFull { .. } => "busy",
+            CallError::Busy { .. } => "busy",
+            CallError::InstancesFull { .. } => "pool_full",
             CallError::MalformedAnswer { .. } => "malformed_answer",
             CallError::Sandbox { .. } => "sandbox",
         }
@@ -142,20 +147,25 @@ impl CallError {
         }
     }
 
-    /// Whether retrying soon may succeed (a busy module, a timeout) rather than fail
-    /// the same way again.
+    /// Whether retrying soon may succeed (a busy module, a full pool, a timeout)
+    /// rather than fail the same way again.
     pub fn is_transient(&self) -> bool {
-        self.is_busy() || matches!(self, CallError::Timeout { .. } | CallError::Stuck { .. })
+        self.is_busy()
+            || self.is_pool_full()
+            || matches!(self, CallError::Timeout { .. } | CallError::Stuck { .. })
     }
 
-    /// Whether the call did not start for want of room (the module's
-    /// `maxConcurrentCalls`, or the host's instance pool): not a failed attempt; the
-    /// caller retries shortly without an Event.
+    /// Whether the call did not start because its module already runs its
+    /// `maxConcurrentCalls`: not a failed attempt; the caller retries shortly without
+    /// an Event.
     pub fn is_busy(&self) -> bool {
-        matches!(
-            self,
-            CallError::Busy { .. } | CallError::InstancesFull { .. }
-        )
+        matches!(self, CallError::Busy { .. })
+    }
+
+    /// Whether the call did not start because the host's instance pool was full: not a
+    /// failed attempt either, but a Warning Event, since the admin must act.
+    pub fn is_pool_full(&self) -> bool {
+        matches!(self, CallError::InstancesFull { .. })
     }
 }
 
@@ -208,6 +218,12 @@ pub enum LoadError {
         "module {module}: {name:?} is not a valid module name (lowercase letters, digits and '-', at most 63 characters)"
     )]
     InvalidName { module: String, name: String },
+    #[error("module {module} (version sha256:{version}) refused: {error}")]
+    PoolShare {
+        module: String,
+        version: String,
+        error: Box<super::pool::PoolShareError>,
+    },
 }
 
 impl LoadError {
@@ -219,7 +235,8 @@ impl LoadError {
             | LoadError::Compile { module, .. }
             | LoadError::World { module, .. }
             | LoadError::Describe { module, .. }
-            | LoadError::InvalidName { module, .. } => module,
+            | LoadError::InvalidName { module, .. }
+            | LoadError::PoolShare { module, .. } => module,
         }
     }
 
@@ -228,7 +245,8 @@ impl LoadError {
         match self {
             LoadError::Compile { version, .. }
             | LoadError::World { version, .. }
-            | LoadError::Describe { version, .. } => Some(version),
+            | LoadError::Describe { version, .. }
+            | LoadError::PoolShare { version, .. } => Some(version),
             _ => None,
         }
     }
@@ -261,4 +279,44 @@ pub enum ResolveError {
          the class is not provisioned until it is spelled moduleSHA256 (or removed)"
     )]
     MisspelledPin { module: String, key: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> CallTarget {
+        CallTarget {
+            module: "hostpath".into(),
+            version: "1a2b3c4d5e6f".into(),
+            call: Call::Provision,
+        }
+    }
+
+    /// A call refused because the shared pool is full is not the module's own
+    /// `maxConcurrentCalls`: it has a label of its own and is not a silent busy retry.
+    #[test]
+    fn a_pool_full_refusal_has_its_own_label_and_is_not_busy() {
+        let full = CallError::InstancesFull {
+            target: target(),
+            cause: "maximum concurrent limit of 512 for tables reached".into(),
+        };
+        assert_eq!(full.metric_label(), "pool_full");
+        assert!(!full.is_busy());
+        assert!(full.is_transient());
+        let message = full.to_string();
+        for part in [
+            "module hostpath",
+            "--max-guest-instances",
+            "maxConcurrentCalls",
+        ] {
+            assert!(message.contains(part), "{part:?} missing in: {message}");
+        }
+        let busy = CallError::Busy {
+            target: target(),
+            max_concurrent_calls: 8,
+        };
+        assert_eq!(busy.metric_label(), "busy");
+        assert!(busy.is_busy() && busy.is_transient());
+    }
 }

@@ -86,6 +86,10 @@ pub struct MemoryLimiter {
     pending_table_bytes: u64,
     /// Set when a growth was refused: a trap after that is reported as memory exhaustion.
     exhausted: bool,
+    /// Linear memories and tables the store may create: the call's version's need,
+    /// what its module reserved of the instance pool (see `pool`).
+    max_memories: usize,
+    max_tables: usize,
 }
 
 impl MemoryLimiter {
@@ -96,7 +100,18 @@ impl MemoryLimiter {
             pending_memory_bytes: 0,
             pending_table_bytes: 0,
             exhausted: false,
+            max_memories: MAX_MEMORIES,
+            max_tables: MAX_TABLES,
         }
+    }
+
+    /// At most `memories` linear memories and `tables` tables in the store (never more
+    /// than [`MAX_MEMORIES`] and [`MAX_TABLES`]): a component's instantiation is static,
+    /// so its calls create exactly what it defines, and this only holds them to it.
+    pub fn with_slots(mut self, memories: u32, tables: u32) -> Self {
+        self.max_memories = (memories as usize).min(MAX_MEMORIES);
+        self.max_tables = (tables as usize).min(MAX_TABLES);
+        self
     }
 
     /// Whether the guest asked for more memory than its budget at some point.
@@ -172,11 +187,11 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     }
 
     fn tables(&self) -> usize {
-        MAX_TABLES
+        self.max_tables
     }
 
     fn memories(&self) -> usize {
-        MAX_MEMORIES
+        self.max_memories
     }
 }
 
@@ -246,6 +261,31 @@ mod tests {
             .table_grow_failed(wasmtime::Error::msg("no"))
             .unwrap();
         assert_eq!(limiter.total_bytes(), 0);
+    }
+
+    /// A store may create no more memories and tables than its version reserved of
+    /// the instance pool: an instance defining one more fails to instantiate.
+    #[test]
+    fn a_store_creates_no_more_memories_and_tables_than_reserved() {
+        let engine = wasmtime::Engine::default();
+        let instantiate = |memories: u32, tables: u32, wat: &str| {
+            let module = wasmtime::Module::new(&engine, wat::parse_str(wat).unwrap()).unwrap();
+            let mut store = wasmtime::Store::new(
+                &engine,
+                MemoryLimiter::new(4 * MIB as u64).with_slots(memories, tables),
+            );
+            store.limiter(|limiter| limiter);
+            wasmtime::Instance::new(&mut store, &module, &[]).map(|_| ())
+        };
+        let two = "(module (memory 1) (memory 1) (table 1 funcref) (table 1 funcref))";
+        instantiate(2, 2, two).expect("exactly what it reserved");
+        for (memories, tables) in [(1, 2), (2, 1)] {
+            let error = instantiate(memories, tables, two).unwrap_err();
+            assert!(
+                format!("{error:#}").contains("resource limit exceeded"),
+                "{error:#}"
+            );
+        }
     }
 
     #[test]

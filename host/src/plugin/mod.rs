@@ -8,6 +8,7 @@
 //! - [`grants`] reads the admin's grants file: directories, outbound HTTP, limits.
 //! - [`reload`] watches the modules directory (ConfigMap-style symlink swaps included).
 //! - [`cache`] keeps precompiled components on disk.
+//! - [`pool`] bounds each module's share of the shared instance pool.
 //!
 //! One module per capability handed to guests: [`log`] (the `log` import, stdout and
 //! stderr), [`http`] (outbound `wasi:http`), the filesystem through preopens in
@@ -26,6 +27,7 @@ mod log;
 pub mod metrics;
 mod module;
 mod module_file;
+pub mod pool;
 mod preopen;
 pub mod reload;
 mod runtime;

@@ -22,6 +22,7 @@ use super::error::{Call, CallError, CallTarget};
 use super::grants::ModuleGrants;
 use super::limits::{Limits, MAX_LIFT_BYTES};
 use super::metrics::Metrics;
+use super::pool::{CallNeed, VersionShare};
 use super::preopen::ModuleDirectories;
 use super::sandbox::{DeadlineExceeded, GuestState, Sandbox};
 use super::volume_grants::VolumeDirectory;
@@ -131,6 +132,9 @@ pub struct LoadedModule {
     loaded_at: SystemTime,
     // Deadlines need the ticker running as long as any version can be called.
     ticker: Arc<EpochTicker>,
+    /// The version's part of its module's share of the instance pool: held by every
+    /// call's thread too, so it lasts until the version's last call has returned.
+    share: Arc<VersionShare>,
 }
 
 impl std::fmt::Debug for LoadedModule {
@@ -156,6 +160,7 @@ pub(crate) struct ModuleParts {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ticker: Arc<EpochTicker>,
     pub(crate) log_bytes_per_call: usize,
+    pub(crate) share: VersionShare,
 }
 
 impl LoadedModule {
@@ -167,6 +172,7 @@ impl LoadedModule {
             version.clone(),
             parts.grants,
             parts.directories,
+            parts.share.need(),
         ));
         let mut module = LoadedModule {
             name: parts.name,
@@ -188,6 +194,7 @@ impl LoadedModule {
             log_bytes_per_call: parts.log_bytes_per_call,
             loaded_at: SystemTime::now(),
             ticker: parts.ticker,
+            share: Arc::new(parts.share),
         };
         let info = module
             .invoke(Call::Describe, async |p, s| p.call_describe(s).await)
@@ -195,6 +202,8 @@ impl LoadedModule {
         answer::check_info(&info).map_err(|reason| module.malformed(Call::Describe, reason))?;
         module.info = info;
         module.permits = parts.permits;
+        // From now on its calls take the module's permits, within its share.
+        module.share.described();
         Ok(module)
     }
 
@@ -220,6 +229,12 @@ impl LoadedModule {
 
     pub fn limits(&self) -> Limits {
         self.sandbox.grants.limits
+    }
+
+    /// The linear memories and tables one call of this version creates: what its module
+    /// reserves of the instance pool per call, and what its calls' stores allow.
+    pub fn call_need(&self) -> CallNeed {
+        self.share.need()
     }
 
     pub fn grants(&self) -> &ModuleGrants {
@@ -381,6 +396,8 @@ impl LoadedModule {
         // yield (nor meet its deadline): even when every `LoadedModule` and the
         // `Runtime` are gone (the process is shutting down, and waits for this thread).
         let ticker = self.ticker.clone();
+        // The version's pool share outlives the call even when the version is replaced.
+        let share = self.share.clone();
         let stuck = Arc::new(StuckWatch::default());
         let thread_end = ThreadEnd {
             watch: stuck.clone(),
@@ -388,7 +405,7 @@ impl LoadedModule {
             module: self.name.clone(),
         };
         let thread = tokio::task::spawn_blocking(move || {
-            let (_permit, _ticker, _end) = (permit, ticker, thread_end);
+            let (_permit, _ticker, _share, _end) = (permit, ticker, share, thread_end);
             let mut store = match call_store(&sandbox, &engine, call, log_bytes_per_call, metrics) {
                 Ok(store) => store,
                 Err(cause) => return CallEnd::NoSandbox(cause),

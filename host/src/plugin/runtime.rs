@@ -19,6 +19,7 @@ use super::grants::Grants;
 use super::metrics::Metrics;
 use super::module::{LoadedModule, ModuleParts, VERSION_DIGITS};
 use super::module_file::{DEFAULT_MAX_MODULE_BYTES, ModuleFileError, read_module_file};
+use super::pool::{CallNeed, PoolShares};
 use super::preopen::{GrantDirectoryError, GrantedDirectories};
 use super::sandbox::{GuestState, linker};
 
@@ -121,6 +122,8 @@ struct Inner {
     guest_log_bytes_per_call: usize,
     max_module_bytes: u64,
     modules: RwLock<BTreeMap<String, Arc<LoadedModule>>>,
+    /// Each module's share of the instance pool, reserved at load.
+    shares: PoolShares,
     /// The concurrency budget of each module name, shared by all its versions.
     permits: Mutex<HashMap<String, Arc<Semaphore>>>,
     metrics: Arc<Metrics>,
@@ -166,6 +169,7 @@ impl Runtime {
                 guest_log_bytes_per_call: config.guest_log_bytes_per_call,
                 max_module_bytes: config.max_module_bytes,
                 modules: RwLock::default(),
+                shares: PoolShares::new(allocator),
                 permits: Mutex::default(),
                 metrics: Arc::default(),
                 ticker,
@@ -356,6 +360,19 @@ impl Runtime {
                 cause: format!("{e:#}"),
             })?;
         let grants = self.inner.grants.for_module(name);
+        let share = self
+            .inner
+            .shares
+            .reserve(
+                name,
+                grants.limits.max_concurrent_calls,
+                CallNeed::of(&component),
+            )
+            .map_err(|error| LoadError::PoolShare {
+                module: name.to_string(),
+                version: version.clone(),
+                error: Box::new(error),
+            })?;
         let permits = self
             .inner
             .permits
@@ -377,6 +394,7 @@ impl Runtime {
             metrics: self.inner.metrics.clone(),
             ticker: self.inner.ticker.clone(),
             log_bytes_per_call: self.inner.guest_log_bytes_per_call,
+            share,
         })
         .await
         .map_err(|error| LoadError::Describe {
@@ -479,11 +497,13 @@ impl Runtime {
 }
 
 /// Whether a load failed for a reason that may pass (the sandbox could not be made, the
-/// module was busy, `describe` timed out), rather than because of the version itself.
+/// module was busy, `describe` timed out, the pool had no room for its share while
+/// other modules held it), rather than because of the version itself.
 fn transient(error: &LoadError) -> bool {
-    matches!(
-        error,
-        LoadError::Describe { error, .. }
-            if error.is_transient() || matches!(**error, CallError::Sandbox { .. })
-    )
+    matches!(error, LoadError::PoolShare { .. })
+        || matches!(
+            error,
+            LoadError::Describe { error, .. }
+                if error.is_transient() || matches!(**error, CallError::Sandbox { .. })
+        )
 }

@@ -19,6 +19,7 @@ use super::grants::ModuleGrants;
 use super::http::OutboundHttp;
 use super::limits::MemoryLimiter;
 use super::log::{CallTag, GuestLog};
+use super::pool::CallNeed;
 use super::preopen::{GrantRoots, ModuleDirectories};
 use super::volume_grants::VolumeDirectory;
 
@@ -110,6 +111,9 @@ pub(crate) struct Sandbox {
     http: Arc<[super::grants::HttpGrant]>,
     /// The granted directories, opened at start.
     directories: Arc<ModuleDirectories>,
+    /// The memories and tables one call of the version defines: its store may create
+    /// no more (what the module reserved of the instance pool).
+    need: CallNeed,
 }
 
 impl Sandbox {
@@ -118,6 +122,7 @@ impl Sandbox {
         version: Arc<str>,
         grants: ModuleGrants,
         directories: Arc<ModuleDirectories>,
+        need: CallNeed,
     ) -> Self {
         let http = grants.http.clone().into();
         Sandbox {
@@ -126,6 +131,7 @@ impl Sandbox {
             grants,
             http,
             directories,
+            need,
         }
     }
 
@@ -170,7 +176,8 @@ impl Sandbox {
                 grants: self.http.clone(),
                 timeout: limits.timeout,
             },
-            limiter: MemoryLimiter::new(limits.memory_bytes),
+            limiter: MemoryLimiter::new(limits.memory_bytes)
+                .with_slots(self.need.memories, self.need.tables),
             log,
             grant_roots: opened.roots,
         };

@@ -51,6 +51,7 @@ use super::Context;
 use super::faults::Step;
 use super::finalizers::{self, Edited};
 use super::journal::JournalError;
+use super::pool_full;
 use super::retry::Next;
 use super::shares;
 use crate::claim::ClaimView;

@@ -92,6 +92,10 @@ pub(super) async fn provision(
             ctx.journal.clear(&key(claim));
             return Ok(busy(claim, &source));
         }
+        Err(source) if source.is_pool_full() => {
+            ctx.journal.clear(&key(claim));
+            return Ok(pool_full::claim(&ctx.events, claim, &source).await);
+        }
         Err(source) => {
             keep_intent(ctx, claim).await?;
             return Err(call_failed(ctx, claim, class, source).await);

@@ -156,6 +156,9 @@ pub async fn reconcile(
     {
         Ok(true) => {}
         Err(source) if source.is_busy() => return Ok(busy(&claim, &source)),
+        Err(source) if source.is_pool_full() => {
+            return Ok(pool_full::claim(&ctx.events, &claim, &source).await);
+        }
         Ok(false) => {
             info!(claim = %view.key(), module = module.name(), "plugin declined the claim (should-provision said no)");
             return Ok(resync(&ctx));
