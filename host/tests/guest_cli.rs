@@ -301,10 +301,7 @@ fn missing_module_is_a_clear_error() {
 #[test]
 fn a_misspelled_pin_key_is_refused_not_ignored() {
     let scratch = Scratch::new(&["test-echo"]);
-    let grants = scratch.write(
-        "grants.yaml",
-        "modules: { test-echo: { volumes: { hostPath: [{ pathPrefix: /echo }] } } }\n",
-    );
+    let grants = scratch.grants("test-echo", "/volumes");
     let wrong = "0".repeat(64);
     for key in [
         "moduleSha256",

@@ -21,7 +21,8 @@
 //! The tests measure the peak RSS of this process around one call (`VmHWM`, reset
 //! through `/proc/self/clear_refs`), one test at a time.
 
-use std::path::Path;
+mod common;
+
 use std::sync::Arc;
 
 use wasm_provisioner::plugin::types::{
@@ -157,31 +158,6 @@ fn state_carrier() -> String {
     module.replace(should_provision, carrier)
 }
 
-/// Wraps a WAT core module into a `provisioner` component, against the repository's
-/// WIT (the same world the host's bindings come from).
-fn component(wat: &str) -> Vec<u8> {
-    let mut module = wat::parse_str(wat).unwrap_or_else(|e| panic!("invalid WAT: {e}\n{wat}"));
-    let mut resolve = wit_parser::Resolve::default();
-    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
-    let (package, _) = resolve
-        .push_dir(&wit)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e:#}", wit.display()));
-    let world = resolve
-        .select_world(&[package], Some("provisioner"))
-        .expect("the provisioner world");
-    wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
-        world,
-        wit_component::StringEncoding::UTF8,
-    )
-    .expect("component metadata");
-    wit_component::ComponentEncoder::default()
-        .module(&module)
-        .and_then(|encoder| encoder.validate(true).encode())
-        .unwrap_or_else(|e| panic!("the WAT module does not implement the world: {e:#}"))
-}
-
 async fn load(grants_yaml: &str, name: &str, wat: &str) -> (Runtime, Arc<LoadedModule>) {
     let grants = Grants::from_yaml(grants_yaml, "test grants").expect("valid grants");
     let runtime = Runtime::new(RuntimeConfig {
@@ -190,7 +166,7 @@ async fn load(grants_yaml: &str, name: &str, wat: &str) -> (Runtime, Arc<LoadedM
     })
     .expect("runtime");
     runtime
-        .load_bytes(name, component(wat))
+        .load_bytes(name, common::wat_component(wat))
         .await
         .unwrap_or_else(|e| panic!("loading {name}: {e}"));
     let module = runtime.module(name).expect("in service");
@@ -323,7 +299,7 @@ async fn a_call_never_sees_what_an_earlier_call_left_in_its_instance() {
     })
     .expect("runtime");
     runtime
-        .load_bytes("fresh", component(&state_carrier()))
+        .load_bytes("fresh", common::wat_component(&state_carrier()))
         .await
         .unwrap_or_else(|e| panic!("loading the state carrier: {e}"));
     let module = runtime.module("fresh").expect("in service");

@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use wasm_provisioner::plugin::pool::CallNeed;
@@ -60,7 +59,7 @@ fn main_module() -> String {
 /// as two more sections of the component (a core module section, then a core instance
 /// section instantiating it: a component's sections may come in any order).
 fn slot_hog() -> Vec<u8> {
-    let mut component = component(&main_module());
+    let mut component = common::wat_component(&main_module());
     let core_modules = sections(&component)
         .filter(|(id, _)| *id == CORE_MODULE_SECTION)
         .count();
@@ -134,31 +133,6 @@ fn append_section(component: &mut Vec<u8>, id: u8, contents: &[u8]) {
     component.push(id);
     leb128(contents.len() as u32, component);
     component.extend_from_slice(contents);
-}
-
-/// Wraps a WAT core module into a `provisioner` component, against the repository's
-/// WIT (the same world the host's bindings come from).
-fn component(wat: &str) -> Vec<u8> {
-    let mut module = wat::parse_str(wat).unwrap_or_else(|e| panic!("invalid WAT: {e}\n{wat}"));
-    let mut resolve = wit_parser::Resolve::default();
-    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
-    let (package, _) = resolve
-        .push_dir(&wit)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e:#}", wit.display()));
-    let world = resolve
-        .select_world(&[package], Some("provisioner"))
-        .expect("the provisioner world");
-    wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
-        world,
-        wit_component::StringEncoding::UTF8,
-    )
-    .expect("component metadata");
-    wit_component::ComponentEncoder::default()
-        .module(&module)
-        .and_then(|encoder| encoder.validate(true).encode())
-        .unwrap_or_else(|e| panic!("the WAT module does not implement the world: {e:#}"))
 }
 
 fn runtime(grants_yaml: &str) -> Runtime {

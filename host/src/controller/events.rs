@@ -527,7 +527,7 @@ fn truncate(mut note: String) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn claim(name: &str) -> ObjectReference {
@@ -553,7 +553,7 @@ mod tests {
 
     /// A client whose API server answers every request with its own body (201) and
     /// sends each Event it was asked to store to the returned channel.
-    fn recording_client() -> (Client, mpsc::UnboundedReceiver<K8sEvent>) {
+    pub(crate) fn recording_client() -> (Client, mpsc::UnboundedReceiver<K8sEvent>) {
         use http_body_util::BodyExt as _;
         let (sent, received) = mpsc::unbounded_channel();
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {

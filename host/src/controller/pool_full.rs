@@ -48,7 +48,6 @@ mod tests {
 
     use k8s_openapi::api::events::v1::Event as K8sEvent;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use kube::Client;
     use kube::runtime::events::Reporter;
     use tokio::sync::mpsc;
 
@@ -57,27 +56,13 @@ mod tests {
 
     /// An API server that stores every Event it is sent into the returned channel.
     fn recording_sink() -> (EventSink, mpsc::UnboundedReceiver<K8sEvent>) {
-        use http_body_util::BodyExt as _;
-        let (sent, received) = mpsc::unbounded_channel();
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let sent = sent.clone();
-            async move {
-                let body = request.into_body().collect().await?.to_bytes();
-                if let Ok(event) = serde_json::from_slice::<K8sEvent>(&body) {
-                    let _ = sent.send(event);
-                }
-                http::Response::builder()
-                    .status(201)
-                    .body(kube::client::Body::from(body.to_vec()))
-                    .map_err(tower::BoxError::from)
-            }
-        });
+        let (client, received) = crate::controller::events::tests::recording_client();
         let reporter = Reporter {
             controller: "us".into(),
             instance: Some("us-1".into()),
         };
         let sink = EventSink::new(
-            Client::new(service, "default"),
+            client,
             reporter,
             Arc::new(Storm::new("us")),
             Duration::from_secs(60),

@@ -295,51 +295,32 @@ mod tests {
         symlink("..", root.join("pvc-tenant/up")).unwrap();
         let roots = roots_of(&[root]);
         let fd = open(root);
+        let sub = open(&root.join("pvc-tenant"));
         for kind in [Move::Rename, Move::Link] {
-            assert_eq!(
-                move_beneath(
-                    kind,
-                    &roots,
-                    fd.as_fd(),
+            for (start, old, new, refusal) in [
+                (&fd, "pvc-tenant/escape", "pvc-x", Refusal::IntoTopLevel),
+                // Through a tenant's `up -> ..` inside its volume, the parent is the root.
+                (
+                    &fd,
                     "pvc-tenant/escape",
-                    fd.as_fd(),
-                    "pvc-x"
+                    "pvc-tenant/up/pvc-x",
+                    Refusal::IntoTopLevel,
                 ),
-                Err(Refusal::IntoTopLevel),
-                "{kind:?}"
-            );
-            // From a subdirectory's descriptor, `..` cannot climb out of it (as in WASI).
-            let sub = open(&root.join("pvc-tenant"));
-            assert_eq!(
-                move_beneath(kind, &roots, sub.as_fd(), "escape", sub.as_fd(), "../pvc-x"),
-                Err(Refusal::Errno(Errno::PERM)),
-                "{kind:?}"
-            );
-            // Through a tenant's `up -> ..` inside its volume, the parent is the root.
-            assert_eq!(
-                move_beneath(
-                    kind,
-                    &roots,
-                    fd.as_fd(),
-                    "pvc-tenant/escape",
-                    fd.as_fd(),
-                    "pvc-tenant/up/pvc-x"
-                ),
-                Err(Refusal::IntoTopLevel),
-                "{kind:?}"
-            );
-            assert_eq!(
-                move_beneath(
-                    kind,
-                    &roots,
-                    fd.as_fd(),
+                (
+                    &fd,
                     "pvc-tenant/sub",
-                    fd.as_fd(),
-                    "pvc-tenant/sub/../../pvc-x"
+                    "pvc-tenant/sub/../../pvc-x",
+                    Refusal::IntoTopLevel,
                 ),
-                Err(Refusal::IntoTopLevel),
-                "{kind:?}"
-            );
+                // From a subdirectory's descriptor, `..` cannot climb out of it (as in WASI).
+                (&sub, "escape", "../pvc-x", Refusal::Errno(Errno::PERM)),
+            ] {
+                assert_eq!(
+                    move_beneath(kind, &roots, start.as_fd(), old, start.as_fd(), new),
+                    Err(refusal),
+                    "{kind:?} {old} -> {new}"
+                );
+            }
         }
         assert!(std::fs::symlink_metadata(root.join("pvc-x")).is_err());
     }

@@ -533,7 +533,7 @@ pub(super) struct VolumesFile {
     #[serde(default)]
     host_path: Vec<HostPathFile>,
     #[serde(default)]
-    local: Vec<LocalFile>,
+    local: Vec<NodeDirectoryFile>,
     #[serde(default)]
     nfs: Vec<NfsFile>,
     #[serde(default)]
@@ -554,13 +554,40 @@ struct HostPathFile {
     mount_options: Vec<String>,
 }
 
+/// A local grant, and the node-directory part of a hostPath grant.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct LocalFile {
+struct NodeDirectoryFile {
     path_prefix: String,
     directory: Option<String>,
     #[serde(default)]
     mount_options: Vec<String>,
+}
+
+impl NodeDirectoryFile {
+    /// The grant, if its prefix, its directory grant and its mount options are valid.
+    fn validate(
+        self,
+        types: Vec<String>,
+        field: &str,
+        directories: &[DirectoryGrant],
+        problems: &mut Vec<String>,
+    ) -> Option<PathGrant> {
+        let path_prefix = prefix(&self.path_prefix, field, false, problems)?;
+        let directory = volume_directory(
+            &path_prefix,
+            self.directory.as_deref(),
+            directories,
+            field,
+            problems,
+        )?;
+        Some(PathGrant {
+            path_prefix,
+            types,
+            directory,
+            mount_options: options(self.mount_options, field, problems),
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -615,61 +642,30 @@ impl VolumesFile {
         let mut grants = VolumeGrants::default();
         for (i, entry) in self.host_path.into_iter().enumerate() {
             let field = format!("{at}.hostPath[{i}]");
-            let Some(path_prefix) = prefix(&entry.path_prefix, &field, false, problems) else {
-                continue;
-            };
             let types = entry
                 .types
                 .unwrap_or_else(|| DIRECTORY_TYPES.map(str::to_string).to_vec());
-            let bad: Vec<&String> = types
-                .iter()
-                .filter(|t| !DIRECTORY_TYPES.contains(&t.as_str()))
-                .collect();
-            if types.is_empty() || !bad.is_empty() {
+            if types.is_empty() || types.iter().any(|t| !DIRECTORY_TYPES.contains(&t.as_str())) {
                 problems.push(format!(
                     "{field}.types {types:?}: only directory kinds can be granted ({}); files, sockets and devices of a node are never handed out",
                     DIRECTORY_TYPES.join(", ")
                 ));
                 continue;
             }
-            let Some(directory) = volume_directory(
-                &path_prefix,
-                entry.directory.as_deref(),
-                directories,
-                &field,
-                problems,
-            ) else {
-                continue;
+            let place = NodeDirectoryFile {
+                path_prefix: entry.path_prefix,
+                directory: entry.directory,
+                mount_options: entry.mount_options,
             };
-            let mount_options = options(entry.mount_options, &field, problems);
-            grants.host_path.push(PathGrant {
-                path_prefix,
-                types,
-                directory,
-                mount_options,
-            });
+            if let Some(grant) = place.validate(types, &field, directories, problems) {
+                grants.host_path.push(grant);
+            }
         }
         for (i, entry) in self.local.into_iter().enumerate() {
             let field = format!("{at}.local[{i}]");
-            let Some(path_prefix) = prefix(&entry.path_prefix, &field, false, problems) else {
-                continue;
-            };
-            let Some(directory) = volume_directory(
-                &path_prefix,
-                entry.directory.as_deref(),
-                directories,
-                &field,
-                problems,
-            ) else {
-                continue;
-            };
-            let mount_options = options(entry.mount_options, &field, problems);
-            grants.local.push(PathGrant {
-                path_prefix,
-                types: Vec::new(),
-                directory,
-                mount_options,
-            });
+            if let Some(grant) = entry.validate(Vec::new(), &field, directories, problems) {
+                grants.local.push(grant);
+            }
         }
         for (i, entry) in self.nfs.into_iter().enumerate() {
             let field = format!("{at}.nfs[{i}]");
