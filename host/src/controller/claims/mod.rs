@@ -76,6 +76,10 @@ pub enum Error {
     Skipped { claim: String, message: String },
     #[error("claim {claim}: {message}")]
     Module { claim: String, message: String },
+    /// The class's module is still loading (compiling): not a failed attempt, no Event;
+    /// the claim waits for it.
+    #[error("claim {claim}: {message}")]
+    ModuleLoading { claim: String, message: String },
     #[error(transparent)]
     Request(#[from] request::Error),
     #[error(transparent)]
@@ -291,6 +295,10 @@ impl Drop for InFlight<'_> {
 
 pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = key(&claim);
+    if let Error::ModuleLoading { .. } = error {
+        info!(%error, "retrying in {:?}", shares::RECHECK);
+        return Action::requeue(shares::RECHECK);
+    }
     warn!(%error, "provisioning did not finish; will retry");
     let print = fingerprint(&claim);
     match error {
