@@ -73,6 +73,9 @@ impl HostConfig {
             "--resync-period=30s",
             "--kube-api-qps=100",
             "--kube-api-burst=200",
+            // The debug build's compiler needs more memory than the release build's
+            // default allows for the 13 MB JavaScript guest.
+            "--compile-memory-bytes=536870912",
         ]
         .map(String::from)
         .to_vec()

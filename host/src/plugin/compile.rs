@@ -29,22 +29,25 @@ use super::engine::{CodegenSettings, compile_engine};
 pub const SUBCOMMAND: &str = "compile-module";
 
 /// Default of `--compile-timeout`: the wall-clock time one module's compile may take.
-/// A Python or JavaScript guest (12-35 MB) compiles in about 7 s in the release build
-/// on 2 cores, alone; two compiles at once share those cores, and a busy node gives
-/// them less: 120 s leaves more than a tenfold margin, and is still well below a
-/// liveness probe's patience because nothing waits on a compile but its own module.
+/// Measured on 2 cores (busy with other builds): a 19 MB Python guest compiles in 8-13 s
+/// in the release build and 17-30 s in the debug build, a 13 MB JavaScript guest in
+/// 8-23 s (release) and 19-32 s (debug); a Rust guest in 0.1-0.3 s. Two compiles at
+/// once share the cores, a 35 MB guest takes about twice as long, and a busy node gives
+/// less: 120 s leaves about a fourfold margin over the slowest of those, and nothing but
+/// the module itself waits for it.
 pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Default of `--compile-memory-bytes`: the `RLIMIT_DATA` of a compile child. The
-/// largest real guest measured (a 35 MB Python guest) peaks well below it;
-/// [`COMPILE_CHILDREN`] of them at once plus the host's own few hundred MiB fit a
-/// 1 GiB pod.
-pub const DEFAULT_COMPILE_MEMORY_BYTES: u64 = 320 << 20;
+/// release build compiles the 19 MB Python and the 13 MB JavaScript guests under it
+/// (peak RSS 331-378 MB; both also pass at 448 and 512 MiB, the debug build's
+/// JavaScript compile needs more than 384 MiB). [`COMPILE_CHILDREN`] children at this
+/// limit take 768 MiB, leaving 256 MiB of a 1 GiB pod to the host.
+pub const DEFAULT_COMPILE_MEMORY_BYTES: u64 = 384 << 20;
 
-/// Compile children running at once. Two: one hostile module compiling to its limit
+/// Compile children running at once. Two: one hostile module compiling to its limits
 /// never holds up another module's compile, and two children at their memory limit
-/// plus the host fit a 1 GiB pod; more would not compile faster on the two cores a
-/// host is typically given.
+/// plus the host fit a 1 GiB pod (a container whose memory limit is hit may be killed
+/// whole); more would not compile faster on the two cores a host is typically given.
 pub const COMPILE_CHILDREN: usize = 2;
 
 /// Exit status of a child whose compile failed (the module is not valid): sysexits'
