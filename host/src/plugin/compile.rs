@@ -318,7 +318,9 @@ pub fn child_main(args: &CompileChildArgs) -> ExitCode {
 /// The child's limits, set before it reads a byte of the module.
 fn limit_self(args: &CompileChildArgs) -> std::io::Result<()> {
     use rustix::process::{Resource, Rlimit, Signal, setrlimit};
-    // Dies with the host: a compile nobody waits for must not go on.
+    // Dies with the host: a compile nobody waits for must not go on. (The signal comes
+    // when the thread that spawned the child ends: an async worker, which lives as long
+    // as the host's runtime.)
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
     setrlimit(
         Resource::Data,
