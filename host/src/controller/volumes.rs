@@ -190,8 +190,8 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     let module = match module_for(ctx, pv) {
         Ok(module) => module,
         Err(NoModule::Loading(message)) => {
-            info!(volume = %volume_name, "{message}; retrying in {:?}", shares::RECHECK);
-            return Ok(Action::requeue(shares::RECHECK));
+            tracing::debug!(volume = %volume_name, "{message}; retrying in {:?}", shares::LOADING_RECHECK);
+            return Ok(Action::requeue(shares::LOADING_RECHECK));
         }
         Err(NoModule::Missing(message)) => {
             return Err(delete_failed(ctx, pv, &class, message).await);

@@ -45,7 +45,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::Context;
 use super::faults::Step;
@@ -296,8 +296,8 @@ impl Drop for InFlight<'_> {
 pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = key(&claim);
     if let Error::ModuleLoading { .. } = error {
-        info!(%error, "retrying in {:?}", shares::RECHECK);
-        return Action::requeue(shares::RECHECK);
+        debug!(%error, "retrying in {:?}", shares::LOADING_RECHECK);
+        return Action::requeue(shares::LOADING_RECHECK);
     }
     warn!(%error, "provisioning did not finish; will retry");
     let print = fingerprint(&claim);
