@@ -195,7 +195,10 @@ pub async fn compile_in_child(
     tracing::debug!(pid, %status, elapsed = ?started.elapsed(), "compile child ended");
     match status.code() {
         Some(0) => native.map_err(|e| CompileFailure::Child(format!("reading its output: {e}"))),
-        Some(code) if code == i32::from(EXIT_INVALID) => Err(CompileFailure::Invalid(stderr)),
+        // An allocation the compiler could not make is reported as an error, not an abort.
+        Some(code) if code == i32::from(EXIT_INVALID) && !out_of_memory(&stderr) => {
+            Err(CompileFailure::Invalid(stderr))
+        }
         _ => Err(classify(status, stderr, config)),
     }
 }
@@ -204,19 +207,12 @@ pub async fn compile_in_child(
 fn classify(status: ExitStatus, stderr: String, config: &CompilerConfig) -> CompileFailure {
     use std::os::unix::process::ExitStatusExt as _;
     let signal = status.signal();
-    let out_of_memory = [
-        "memory allocation of",
-        "Cannot allocate memory",
-        "out of memory",
-    ]
-    .iter()
-    .any(|needle| stderr.contains(needle));
     if signal == Some(libc::SIGXCPU) {
         return CompileFailure::TimedOut {
             timeout: config.timeout,
         };
     }
-    if out_of_memory {
+    if out_of_memory(&stderr) {
         return CompileFailure::OutOfMemory {
             limit_bytes: config.memory_bytes,
             detail: stderr,
@@ -245,6 +241,18 @@ fn classify(status: ExitStatus, stderr: String, config: &CompilerConfig) -> Comp
         // binary replaced by another version): the host's problem, tried again.
         None => CompileFailure::Child(format!("{status}: {stderr}")),
     }
+}
+
+/// Whether the child's stderr says it ran out of memory: Rust's allocation failure
+/// (which aborts), or an `ENOMEM` from a mapping wasmtime or Cranelift asked for.
+fn out_of_memory(stderr: &str) -> bool {
+    [
+        "memory allocation of",
+        "Cannot allocate memory",
+        "out of memory",
+    ]
+    .iter()
+    .any(|needle| stderr.contains(needle))
 }
 
 /// The last [`STDERR_KEPT`] bytes of the child's stderr, trimmed, one line.
