@@ -40,6 +40,10 @@ pub enum Command {
     Run(RunArgs),
     /// Run one plugin call offline, without a cluster: see what a module would do.
     Guest(GuestArgs),
+    /// Internal: compile one module read from stdin, bounded, and write the compiled
+    /// component to stdout. The host runs itself with it; never run it by hand.
+    #[command(name = crate::plugin::compile::SUBCOMMAND, hide = true)]
+    CompileModule(crate::plugin::compile::CompileChildArgs),
 }
 
 /// Where plugins come from and what they may touch: shared by `run` and `guest`.
@@ -77,6 +81,38 @@ pub struct PluginArgs {
     /// afresh, nothing to share), as when the pool's address space cannot be reserved.
     #[arg(long, env = "WASM_PROVISIONER_MAX_GUEST_INSTANCES", default_value_t = crate::plugin::engine::DEFAULT_MAX_GUEST_INSTANCES, value_parser = clap::value_parser!(u32).range(0..=65536))]
     pub max_guest_instances: u32,
+
+    /// Longest one module's compile may take (wall clock). Each module missing from
+    /// the cache is compiled in a child process, killed at this timeout; the version is
+    /// then refused until its bytes change or the host restarts.
+    #[arg(long, env = "WASM_PROVISIONER_COMPILE_TIMEOUT", default_value = DEFAULT_COMPILE_TIMEOUT, value_parser = positive_duration)]
+    pub compile_timeout: std::time::Duration,
+
+    /// Most memory one module's compile may use, in bytes (the compile child's
+    /// RLIMIT_DATA); a compile needing more is stopped and the version refused.
+    #[arg(long, env = "WASM_PROVISIONER_COMPILE_MEMORY_BYTES", default_value_t = crate::plugin::compile::DEFAULT_COMPILE_MEMORY_BYTES, value_parser = clap::value_parser!(u64).range(MIN_COMPILE_MEMORY_BYTES..))]
+    pub compile_memory_bytes: u64,
+}
+
+/// Default of `--compile-timeout` ([`DEFAULT_COMPILE_TIMEOUT`](crate::plugin::compile::DEFAULT_COMPILE_TIMEOUT)).
+pub const DEFAULT_COMPILE_TIMEOUT: &str = "120s";
+/// Least `--compile-memory-bytes`: below it not even the compile child's engine starts.
+pub const MIN_COMPILE_MEMORY_BYTES: u64 = 32 << 20;
+
+fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        Ok(_) => Err("must be more than 0s".into()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+impl PluginArgs {
+    /// How `run` and the offline runner compile: in a child process of this binary,
+    /// bounded by `--compile-timeout` and `--compile-memory-bytes`.
+    pub fn compiler(&self) -> crate::plugin::CompilerConfig {
+        crate::plugin::CompilerConfig::this_binary(self.compile_timeout, self.compile_memory_bytes)
+    }
 }
 
 /// Arguments of `run` (the controller).
@@ -176,6 +212,10 @@ pub struct GuestDeleteArgs {
 /// go to stderr, with a non-zero exit.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The compile child: no logging, no async runtime, its limits first.
+    if let Command::CompileModule(args) = &cli.command {
+        return crate::plugin::compile::child_main(args);
+    }
     init_logging(&cli.log, cli.log_format == "json");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -233,6 +273,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(crate::guest_cli::EXIT_DELETE_IN_BACKGROUND))
             }
         },
+        Command::CompileModule(args) => Ok(crate::plugin::compile::child_main(&args)),
         Command::Guest(GuestArgs {
             command: GuestCommand::New(args),
         }) => {
@@ -346,7 +387,8 @@ mod tests {
             }) => args.plugins,
             Command::Guest(GuestArgs {
                 command: GuestCommand::New(_),
-            }) => unreachable!("guest new has no plugin arguments"),
+            })
+            | Command::CompileModule(_) => unreachable!("no plugin arguments"),
         };
         let cli = parse(&["wasm-provisioner", "run", "--max-module-bytes", "1048576"]).unwrap();
         assert_eq!(plugins(cli).max_module_bytes, 1 << 20);
@@ -362,5 +404,58 @@ mod tests {
         assert_eq!(plugins(cli).max_module_bytes, 4096);
         assert!(parse(&["wasm-provisioner", "run", "--max-module-bytes", "0"]).is_err());
         assert!(parse(&["wasm-provisioner", "run", "--max-module-bytes", "64MiB"]).is_err());
+    }
+
+    #[test]
+    fn compile_limits_are_flags_of_run_and_guest_with_defaults() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
+        let Command::Run(args) = parse(&["wasm-provisioner", "run"]).unwrap().command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            args.plugins.compile_timeout,
+            crate::plugin::compile::DEFAULT_COMPILE_TIMEOUT
+        );
+        assert_eq!(
+            args.plugins.compile_memory_bytes,
+            crate::plugin::compile::DEFAULT_COMPILE_MEMORY_BYTES
+        );
+        let Command::Run(args) = parse(&[
+            "wasm-provisioner",
+            "run",
+            "--compile-timeout=3s",
+            "--compile-memory-bytes=268435456",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not run");
+        };
+        assert_eq!(
+            args.plugins.compile_timeout,
+            std::time::Duration::from_secs(3)
+        );
+        assert_eq!(args.plugins.compile_memory_bytes, 256 << 20);
+        assert!(parse(&["wasm-provisioner", "run", "--compile-timeout=0s"]).is_err());
+        assert!(parse(&["wasm-provisioner", "run", "--compile-memory-bytes=1024"]).is_err());
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Provision(args),
+        }) = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "provision",
+            "--class=c",
+            "--claim=p",
+            "--compile-timeout=1m",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not guest provision");
+        };
+        assert_eq!(
+            args.plugins.compile_timeout,
+            std::time::Duration::from_secs(60)
+        );
     }
 }

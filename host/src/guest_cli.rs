@@ -273,6 +273,7 @@ async fn load(
         guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
         max_module_bytes: plugins.max_module_bytes,
         max_guest_instances: plugins.max_guest_instances,
+        compiler: Some(plugins.compiler()),
     })?;
     let path = plugins.modules.join(format!("{name}.wasm"));
     if !path.is_file() {

@@ -56,6 +56,16 @@ impl RuntimeCollector {
                     .into_iter()
                     .cloned(),
             )
+            .chain(
+                prometheus::core::Collector::desc(&modules_loading(&runtime))
+                    .into_iter()
+                    .cloned(),
+            )
+            .chain(
+                prometheus::core::Collector::desc(&compile_limit_refusals(&runtime))
+                    .into_iter()
+                    .cloned(),
+            )
             .chain(compile_counters(&runtime).iter().flat_map(|counter| {
                 prometheus::core::Collector::desc(counter)
                     .into_iter()
@@ -102,6 +112,12 @@ impl prometheus::core::Collector for RuntimeCollector {
             .flat_map(prometheus::core::Collector::collect)
             .chain(prometheus::core::Collector::collect(&grants))
             .chain(prometheus::core::Collector::collect(&stuck))
+            .chain(prometheus::core::Collector::collect(&modules_loading(
+                &self.runtime,
+            )))
+            .chain(prometheus::core::Collector::collect(
+                &compile_limit_refusals(&self.runtime),
+            ))
             .chain(
                 compile_counters(&self.runtime)
                     .iter()
@@ -146,6 +162,26 @@ fn compile_counters(runtime: &Runtime) -> Vec<prometheus::IntCounter> {
         .collect()
 }
 
+/// Module versions refused because their compile hit a limit, by module and limit.
+fn compile_limit_refusals(runtime: &Runtime) -> IntCounterVec {
+    let family = IntCounterVec::new(
+        Opts::new(
+            "wasm_provisioner_module_compile_limit_refusals_total",
+            "Module versions refused because their compile was stopped at a limit (limit: timeout for --compile-timeout, memory for --compile-memory-bytes), by module; each is also in wasm_provisioner_module_refusals_total",
+        ),
+        &["module", "limit"],
+    )
+    .expect("valid counter");
+    for (module, counters) in runtime.metrics().snapshot() {
+        for (limit, value) in counters.compile_limit_refusals_total {
+            family
+                .with_label_values(&[module.as_str(), limit])
+                .inc_by(value);
+        }
+    }
+    family
+}
+
 /// The calls of each module stuck in a system call past their timeout.
 fn calls_stuck(runtime: &Runtime) -> IntGaugeVec {
     gauge_by_module(
@@ -161,6 +197,19 @@ fn calls_stuck(runtime: &Runtime) -> IntGaugeVec {
                     i64::try_from(counters.calls_stuck).unwrap_or(i64::MAX),
                 )
             }),
+    )
+}
+
+/// 1 for each module whose file is there but which is not in service yet because it is
+/// still loading (compiling).
+fn modules_loading(runtime: &Runtime) -> IntGaugeVec {
+    gauge_by_module(
+        "wasm_provisioner_module_loading",
+        "1 for each module not in service yet because its first version is still loading (compiling, at most --compile-timeout); its claims wait without Events or failed attempts",
+        runtime
+            .modules_loading()
+            .into_iter()
+            .map(|module| (module, 1)),
     )
 }
 

@@ -251,16 +251,19 @@ pub async fn run(plugins: &crate::cli::PluginArgs, args: &ControllerArgs) -> any
         guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
         max_module_bytes: plugins.max_module_bytes,
         max_guest_instances: plugins.max_guest_instances,
+        compiler: Some(plugins.compiler()),
     })?;
-    let (_watcher, report) = DirectoryWatcher::start(runtime.clone(), plugins.modules.clone())
-        .await
+    // Modules load in the background (each compile in a bounded child process): the
+    // endpoint and the controllers start at once, and a claim of a module still loading
+    // waits for it without a failure.
+    let _watcher = DirectoryWatcher::start_in_background(runtime.clone(), plugins.modules.clone())
         .with_context(|| {
             format!(
                 "watching the modules directory {}",
                 plugins.modules.display()
             )
         })?;
-    info!(?report, dir = %plugins.modules.display(), "modules loaded");
+    info!(dir = %plugins.modules.display(), "loading modules in the background");
 
     let metrics = Arc::new(Metrics::new());
     metrics.register_runtime(runtime.clone());

@@ -1,6 +1,8 @@
 //! The HTTP endpoint beside the controllers: `/metrics` (Prometheus text), `/healthz`
 //! (the process is alive) and `/readyz` (caches synced and, with leader election, this
-//! process is either leading or standing by ready to).
+//! process is either leading or standing by ready to). Neither waits for modules to
+//! load: they load in the background, a claim of a module still loading waits for it,
+//! and a module that never loads must not keep the host from serving the others.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

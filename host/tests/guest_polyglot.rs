@@ -106,7 +106,10 @@ impl Scratch {
             .arg("--cache-dir")
             .arg(cache_dir())
             .env_clear()
-            .env("WASM_PROVISIONER_LOG", "warn");
+            .env("WASM_PROVISIONER_LOG", "warn")
+            // The debug build's compiler needs more memory than the release build's
+            // default allows for the 13 MB JavaScript guest.
+            .env("WASM_PROVISIONER_COMPILE_MEMORY_BYTES", "536870912");
         command.output().expect("running wasm-provisioner")
     }
 

@@ -11,7 +11,12 @@ use anyhow::{Context as _, bail};
 
 /// The built host binary in the same `<target>/<profile>` directory as this executable
 /// (a test in `deps/`, or the demo beside it). `bash tests/run.sh` builds it first.
+/// `WASM_PROVISIONER_TEST_HOST_BINARY` names another (a copy of this tree's build, when
+/// the target directory is shared with builds of other trees).
 pub fn binary() -> PathBuf {
+    if let Some(binary) = std::env::var_os("WASM_PROVISIONER_TEST_HOST_BINARY") {
+        return PathBuf::from(binary);
+    }
     let exe = std::env::current_exe().expect("executable path");
     let candidates: Vec<PathBuf> = exe
         .ancestors()
@@ -68,6 +73,9 @@ impl HostConfig {
             "--resync-period=30s",
             "--kube-api-qps=100",
             "--kube-api-burst=200",
+            // The debug build's compiler needs more memory than the release build's
+            // default allows for the 13 MB JavaScript guest.
+            "--compile-memory-bytes=536870912",
         ]
         .map(String::from)
         .to_vec()

@@ -1,6 +1,7 @@
 //! Test support for wasm-provisioner's integration and end-to-end tests.
 //!
 //! - [`access`]: a host that runs with exactly the RBAC of `deploy/rbac.yaml` (or less).
+//! - [`bomb`]: a compile bomb, a small component that is slow and big to compile.
 //! - [`cpu`]: where a load run's CPU goes (the machine, the control plane, the host).
 //! - [`cluster`]: a real control plane (etcd, kube-apiserver, kube-controller-manager),
 //!   admin and ServiceAccount clients, a fresh namespace per test.
@@ -16,6 +17,7 @@
 //!   metrics a real host exports.
 
 pub mod access;
+pub mod bomb;
 pub mod cluster;
 pub mod cpu;
 pub mod fixture;

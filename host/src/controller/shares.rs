@@ -31,6 +31,11 @@ use prometheus::IntGaugeVec;
 /// How long a waiting object sleeps before looking again without a wake-up.
 pub const RECHECK: Duration = Duration::from_secs(5);
 
+/// How soon a claim (volume) whose module is still loading is looked at again: a
+/// reconcile that finds its module loading costs no API request, and the claims created
+/// with the host (or just before it) should not wait long past their module's compile.
+pub const LOADING_RECHECK: Duration = Duration::from_secs(1);
+
 /// The workers one module may hold: its `maxConcurrentCalls`, at least one, and with
 /// more than one worker never all of them.
 pub fn share_limit(threads: u16, max_concurrent_calls: u32) -> usize {

@@ -141,8 +141,15 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
     }
 }
 
+/// Why the module of a volume cannot be had.
+enum NoModule {
+    /// Still loading: the volume waits, without a failed attempt.
+    Loading(String),
+    Missing(String),
+}
+
 /// The module that made this PV, as recorded on it, else its class's.
-fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>, String> {
+fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>, NoModule> {
     let recorded = pv.annotations().get(names::ANN_MODULE).cloned();
     let class = ctx.class(&class_label(pv));
     let module = recorded
@@ -152,14 +159,20 @@ fn module_for(ctx: &Context, pv: &PersistentVolume) -> Result<Arc<LoadedModule>,
                 .and_then(|c| c.parameters.as_ref()?.get(names::PARAM_MODULE).cloned())
         })
         .ok_or_else(|| {
-            format!(
+            NoModule::Missing(format!(
                 "cannot tell which module made it: no {:?} annotation and no class with a {:?} parameter",
                 names::ANN_MODULE,
                 names::PARAM_MODULE
-            )
+            ))
         })?;
     ctx.runtime.resolve(&module, None).map_err(|error| {
-        format!("{error}; the volume is kept and its deletion retried until the module is back")
+        if error.is_loading() {
+            NoModule::Loading(error.to_string())
+        } else {
+            NoModule::Missing(format!(
+                "{error}; the volume is kept and its deletion retried until the module is back"
+            ))
+        }
     })
 }
 
@@ -176,7 +189,13 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     let class = class_label(pv);
     let module = match module_for(ctx, pv) {
         Ok(module) => module,
-        Err(message) => return Err(delete_failed(ctx, pv, &class, message).await),
+        Err(NoModule::Loading(message)) => {
+            tracing::debug!(volume = %volume_name, "{message}; retrying in {:?}", shares::LOADING_RECHECK);
+            return Ok(Action::requeue(shares::LOADING_RECHECK));
+        }
+        Err(NoModule::Missing(message)) => {
+            return Err(delete_failed(ctx, pv, &class, message).await);
+        }
     };
     // The module's share of the volume workers (see `shares`): a volume whose module
     // holds all of it waits in the module's own queue, before any API request, without

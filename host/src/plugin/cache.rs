@@ -144,41 +144,63 @@ impl PrecompiledCache {
         format!("{sha256}-{}.cwasm", &self.engine_digest[..16])
     }
 
+    /// The component of the module whose bytes hash to `sha256`, if the cache holds a
+    /// verified entry this engine accepts. An entry that must not be used (wrong MAC,
+    /// not private, another engine's) is removed with a warning: a miss.
+    pub fn lookup(&self, engine: &Engine, sha256: &str) -> Option<Component> {
+        let name = self.entry_name(sha256);
+        let reason = match self.read_verified(&name) {
+            Ok(None) => return None,
+            Ok(Some(native)) => match deserialize_verified(engine, &native) {
+                Ok(component) => return Some(component),
+                // Verified but unusable: written by this host with another wasmtime.
+                Err(error) => format!("{error:#}"),
+            },
+            Err(reason) => reason,
+        };
+        tracing::warn!(
+            entry = %self.dir.join(&name).display(),
+            "precompiled cache entry refused, compiling again: {reason}"
+        );
+        for file in [name.clone(), mac_name(&name)] {
+            let _ = rustix::fs::unlinkat(&*self.handle, file.as_str(), AtFlags::empty());
+        }
+        None
+    }
+
+    /// Stores `native`, this host's own `precompile_component` output for the module
+    /// whose bytes hash to `sha256` (compiled in process or in its compile child), and
+    /// returns it as a component. A failure to store is a warning: the next start
+    /// compiles again.
+    pub fn store_compiled(
+        &self,
+        engine: &Engine,
+        sha256: &str,
+        native: &[u8],
+    ) -> wasmtime::Result<Component> {
+        let name = self.entry_name(sha256);
+        if let Err(error) = self.store(&name, native) {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                "cannot store a precompiled component (the next start compiles it again): {error}"
+            );
+        }
+        deserialize_verified(engine, native)
+    }
+
     /// The component for `bytes` (whose digest is `sha256`): from the cache, or
-    /// compiled and stored.
+    /// compiled in this process and stored.
     pub fn load_or_compile(
         &self,
         engine: &Engine,
         bytes: &[u8],
         sha256: &str,
     ) -> wasmtime::Result<(Component, CompileOutcome)> {
-        let name = self.entry_name(sha256);
-        let refused = match self.read_verified(&name) {
-            Ok(None) => None,
-            Ok(Some(native)) => match deserialize_verified(engine, &native) {
-                Ok(component) => return Ok((component, CompileOutcome::CacheHit)),
-                // Verified but unusable: written by this host with another wasmtime.
-                Err(error) => Some(format!("{error:#}")),
-            },
-            Err(reason) => Some(reason),
-        };
-        if let Some(reason) = refused {
-            tracing::warn!(
-                entry = %self.dir.join(&name).display(),
-                "precompiled cache entry refused, compiling again: {reason}"
-            );
-            for file in [name.clone(), mac_name(&name)] {
-                let _ = rustix::fs::unlinkat(&*self.handle, file.as_str(), AtFlags::empty());
-            }
+        if let Some(component) = self.lookup(engine, sha256) {
+            return Ok((component, CompileOutcome::CacheHit));
         }
         let native = engine.precompile_component(bytes)?;
-        if let Err(error) = self.store(&name, &native) {
-            tracing::warn!(
-                dir = %self.dir.display(),
-                "cannot store a precompiled component (the next start compiles it again): {error}"
-            );
-        }
-        let component = deserialize_verified(engine, &native)?;
+        let component = self.store_compiled(engine, sha256, &native)?;
         Ok((component, CompileOutcome::Compiled))
     }
 
@@ -218,15 +240,18 @@ impl PrecompiledCache {
 /// The one `unsafe` of the crate. `Component::deserialize` is unsafe because it trusts
 /// the bytes to be native code produced by `Engine::precompile_component` of a
 /// compatible engine: tampered bytes are arbitrary code execution. Callers pass either
-/// the output of `precompile_component` itself, or bytes read from the cache whose
+/// the output of `precompile_component` itself (in this process, or in this host's own
+/// binary run as its compile child, read straight from the child's pipe), or bytes read
+/// from the cache whose
 /// HMAC under the cache's private key, over the entry's name and bytes, was just
 /// checked ([`PrecompiledCache::read_verified`]) in memory, so the file cannot change
 /// between check and use (wasmtime also checks the engine compatibility header and
 /// rejects a mismatch).
 #[allow(unsafe_code)]
-fn deserialize_verified(engine: &Engine, native: &[u8]) -> wasmtime::Result<Component> {
+pub(crate) fn deserialize_verified(engine: &Engine, native: &[u8]) -> wasmtime::Result<Component> {
     // SAFETY: see above: `native` is this host's own `precompile_component` output,
-    // directly or authenticated by the cache's keyed MAC.
+    // directly (in process or from its compile child) or authenticated by the cache's
+    // keyed MAC.
     unsafe { Component::deserialize(engine, native) }
 }
 

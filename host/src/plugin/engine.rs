@@ -117,6 +117,50 @@ pub fn new_engine(pool: InstancePool) -> wasmtime::Result<(Engine, Allocator)> {
     }
 }
 
+/// What the compiled code of a component depends on besides the wasmtime version and
+/// the target: the engine's codegen settings and tunables. An engine built from it by
+/// [`compile_engine`] (in the compile child, without reserving any instance pool)
+/// produces code the runtime's own engine accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodegenSettings {
+    /// The pooling allocator's engine: the default memory tunables.
+    Pooled,
+    /// The on-demand allocator's engine, its memories reserving this many bytes.
+    OnDemand { memory_reservation: u64 },
+}
+
+impl CodegenSettings {
+    /// The settings the engine `new_engine` built with `pool` and ended up with
+    /// `allocator` compiles with.
+    pub fn of(allocator: Allocator, pool: InstancePool) -> Self {
+        match allocator {
+            Allocator::Pooling { .. } => CodegenSettings::Pooled,
+            Allocator::OnDemand { .. } => CodegenSettings::OnDemand {
+                memory_reservation: pool.max_memory_bytes,
+            },
+        }
+    }
+}
+
+/// An engine that only compiles: the settings of the runtime's engine, with the
+/// on-demand allocator (nothing reserved up front, so it works under an address-space
+/// limit). Compiled code does not depend on the allocation strategy, only on the
+/// settings and tunables, which are the same.
+pub fn compile_engine(settings: CodegenSettings) -> wasmtime::Result<Engine> {
+    let config = match settings {
+        CodegenSettings::Pooled => {
+            let mut config = common();
+            config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+            config
+        }
+        CodegenSettings::OnDemand { memory_reservation } => on_demand(InstancePool {
+            max_guest_instances: 0,
+            max_memory_bytes: memory_reservation,
+        }),
+    };
+    Engine::new(&config)
+}
+
 /// The on-demand allocator, its linear memories reserving the largest memory granted
 /// (and a 64 KiB guard) instead of 4 GiB each: bounds are checked by the compiled code
 /// rather than by guard pages, so a host under an address-space limit can still run as

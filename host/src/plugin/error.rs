@@ -197,6 +197,13 @@ pub enum LoadError {
         version: String,
         cause: String,
     },
+    /// The compile child hit its time or memory limit, crashed, or could not run.
+    #[error("module {module} (version sha256:{version}) refused: {failure}")]
+    CompileChild {
+        module: String,
+        version: String,
+        failure: super::compile::CompileFailure,
+    },
     #[error(
         "module {module} (version sha256:{version}) refused: it does not implement the \
          wasm-provisioner:plugin provisioner world, or imports what the host does not provide: {cause}"
@@ -233,6 +240,7 @@ impl LoadError {
             LoadError::Read { module, .. }
             | LoadError::TooLarge { module, .. }
             | LoadError::Compile { module, .. }
+            | LoadError::CompileChild { module, .. }
             | LoadError::World { module, .. }
             | LoadError::Describe { module, .. }
             | LoadError::InvalidName { module, .. }
@@ -244,9 +252,21 @@ impl LoadError {
     pub fn version(&self) -> Option<&str> {
         match self {
             LoadError::Compile { version, .. }
+            | LoadError::CompileChild { version, .. }
             | LoadError::World { version, .. }
             | LoadError::Describe { version, .. }
             | LoadError::PoolShare { version, .. } => Some(version),
+            _ => None,
+        }
+    }
+}
+
+impl LoadError {
+    /// The compile limit the version hit (`timeout`, `memory`), if that is why it was
+    /// refused.
+    pub fn compile_limit(&self) -> Option<&'static str> {
+        match self {
+            LoadError::CompileChild { failure, .. } => failure.limit(),
             _ => None,
         }
     }
@@ -261,6 +281,19 @@ pub enum ResolveError {
         if loaded.is_empty() { "none".to_string() } else { loaded.join(", ") }
     )]
     NotLoaded { module: String, loaded: Vec<String> },
+    /// The module's file is there but its first version is still being loaded
+    /// (compiled, checked): not a failure; the claim waits.
+    #[error(
+        "module {module} is still loading (being compiled and checked); the claim waits for it"
+    )]
+    Loading { module: String },
+    /// The module's file is there but its version was refused, and no earlier version
+    /// serves.
+    #[error(
+        "module {module} is not in service: {refusal}; fix the module file, or the limit the \
+         refusal names"
+    )]
+    Refused { module: String, refusal: String },
     #[error(
         "module {module} is pinned to sha256:{pinned} by the class's moduleSHA256 parameter, but the \
          version serving is sha256:{current}; deploy the pinned version or update moduleSHA256 to {current}"
@@ -279,6 +312,14 @@ pub enum ResolveError {
          the class is not provisioned until it is spelled moduleSHA256 (or removed)"
     )]
     MisspelledPin { module: String, key: String },
+}
+
+impl ResolveError {
+    /// Whether the module is still being loaded: the caller waits, without counting a
+    /// failure.
+    pub fn is_loading(&self) -> bool {
+        matches!(self, ResolveError::Loading { .. })
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,9 @@ pub struct ModuleCounters {
     pub reloads_total: u64,
     /// Versions refused (compile error, wrong world, `describe` failed, ...).
     pub refusals_total: u64,
+    /// Of those, versions whose compile was stopped at a limit, by limit (`timeout`,
+    /// `memory`).
+    pub compile_limit_refusals_total: BTreeMap<&'static str, u64>,
     /// Times the module was taken out of service because its file disappeared.
     pub removals_total: u64,
     /// Calls made (all outcomes).
@@ -101,6 +104,12 @@ impl Metrics {
 
     pub(crate) fn record_refusal(&self, module: &str) {
         self.update(module, |c| c.refusals_total += 1);
+    }
+
+    pub(crate) fn record_compile_limit_refusal(&self, module: &str, limit: &'static str) {
+        self.update(module, |c| {
+            *c.compile_limit_refusals_total.entry(limit).or_default() += 1
+        });
     }
 
     pub(crate) fn record_removal(&self, module: &str) {

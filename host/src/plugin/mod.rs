@@ -7,7 +7,8 @@
 //!   under the module's [`Limits`] and fails alone with a [`CallError`].
 //! - [`grants`] reads the admin's grants file: directories, outbound HTTP, limits.
 //! - [`reload`] watches the modules directory (ConfigMap-style symlink swaps included).
-//! - [`cache`] keeps precompiled components on disk.
+//! - [`cache`] keeps precompiled components on disk; [`compile`] compiles a module in
+//!   a child process bounded in time and memory.
 //! - [`pool`] bounds each module's share of the shared instance pool.
 //!
 //! One module per capability handed to guests: [`log`] (the `log` import, stdout and
@@ -17,6 +18,7 @@
 mod answer;
 pub mod bindings;
 pub mod cache;
+pub mod compile;
 pub mod engine;
 pub mod error;
 mod fs_rules;
@@ -35,6 +37,7 @@ mod sandbox;
 pub mod volume_grants;
 
 pub use bindings::types;
+pub use compile::{CompileFailure, CompilerConfig};
 pub use error::{Call, CallError, CallTarget, LoadError, ResolveError};
 pub use grants::{Grants, GrantsError, ModuleGrants};
 pub use limits::Limits;

@@ -9,6 +9,12 @@
 //! digests: a new or changed file is loaded (and fully validated before it serves), a
 //! file gone takes its module out of service. A periodic re-scan covers event sources
 //! that miss changes (network filesystems, some image volumes).
+//!
+//! The modules of a scan load at once (each compile in its own child, at most
+//! `COMPILE_CHILDREN` at a time), and the watcher does not wait for a scan to end
+//! before reacting to the next change: a module that is slow to compile (up to
+//! `--compile-timeout`) holds up only itself. A scan skips a module whose load is still
+//! under way, and scans again once it ends, so a newer file is never missed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +24,7 @@ use notify::{RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
 use super::error::LoadError;
-use super::runtime::{LoadOutcome, Runtime};
+use super::runtime::{LoadOutcome, LoadingMark, Runtime};
 
 /// Quiet time after the last filesystem event before re-scanning: a ConfigMap update
 /// or a `cp` produces a burst of events.
@@ -43,6 +49,19 @@ pub struct SyncReport {
     pub ignored: Ignored,
     /// Modules the grants file names that have no file here (warned about each scan).
     pub grants_without_module: Vec<String>,
+    /// Modules skipped because a load of theirs (an earlier scan's) was still under
+    /// way; the watcher scans again when it ends.
+    pub loading: Vec<String>,
+}
+
+/// A scan begun: the directory listed, removals done, every listed module marked as
+/// loading; its loads are still to run ([`Runtime::finish_scan`]).
+pub struct Scan {
+    dir: PathBuf,
+    files: BTreeMap<String, PathBuf>,
+    report: SyncReport,
+    previous_grants_without_module: Vec<String>,
+    marks: Vec<LoadingMark>,
 }
 
 /// Why the modules directory cannot be used.
@@ -94,9 +113,17 @@ pub fn module_files(dir: &Path) -> std::io::Result<(BTreeMap<String, PathBuf>, I
 }
 
 impl Runtime {
-    /// Brings the modules in service in line with `dir`: loads new and changed files,
-    /// removes modules whose file is gone.
+    /// Brings the modules in service in line with `dir`: loads new and changed files
+    /// (all at once), removes modules whose file is gone.
     pub async fn sync_dir(&self, dir: &Path) -> Result<SyncReport, ReloadError> {
+        let scan = self.begin_scan(dir)?;
+        Ok(self.finish_scan(scan).await)
+    }
+
+    /// The quick part of a scan: lists `dir`, takes modules whose file is gone out of
+    /// service, and marks every listed module as loading, so that from now until its
+    /// load ends a claim of it waits rather than failing.
+    pub fn begin_scan(&self, dir: &Path) -> Result<Scan, ReloadError> {
         let (files, ignored) = module_files(dir).map_err(|source| ReloadError::List {
             dir: dir.to_path_buf(),
             source,
@@ -126,13 +153,46 @@ impl Runtime {
                 report.removed.push(module.name().to_string());
             }
         }
+        self.forget_refusals_except(&|name| files.contains_key(name));
+        let marks = files.keys().map(|name| self.mark_loading(name)).collect();
+        Ok(Scan {
+            dir: dir.to_path_buf(),
+            files,
+            report,
+            previous_grants_without_module: previous,
+            marks,
+        })
+    }
+
+    /// The loads of a scan, all at once. A module whose load (an earlier scan's) is
+    /// still under way is skipped and listed in `loading`.
+    pub async fn finish_scan(&self, scan: Scan) -> SyncReport {
+        let Scan {
+            dir,
+            files,
+            mut report,
+            previous_grants_without_module: previous,
+            marks,
+        } = scan;
+        let mut loads = Vec::new();
         for (name, path) in files {
-            match self.load_file(&name, &path).await {
+            if self.load_lock(&name).try_lock().is_err() {
+                report.loading.push(name);
+                continue;
+            }
+            loads.push(async move {
+                let outcome = self.load_file(&name, &path).await;
+                (name, outcome)
+            });
+        }
+        for (name, outcome) in futures::future::join_all(loads).await {
+            match outcome {
                 Ok(LoadOutcome::Unchanged) => report.unchanged.push(name),
                 Ok(_) => report.loaded.push(name),
                 Err(error) => report.refused.push(error),
             }
         }
+        drop(marks);
         let reloaded = !report.loaded.is_empty() || !report.removed.is_empty();
         // The first scan is a change: the list starts empty.
         if reloaded || previous != report.grants_without_module {
@@ -146,7 +206,7 @@ impl Runtime {
                 );
             }
         }
-        Ok(report)
+        report
     }
 }
 
@@ -169,66 +229,10 @@ impl DirectoryWatcher {
         runtime: Runtime,
         dir: PathBuf,
     ) -> Result<(DirectoryWatcher, SyncReport), ReloadError> {
-        let (events, mut receiver) = mpsc::channel::<()>(1);
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                match &event {
-                    Err(error) => tracing::warn!(
-                        "modules directory watch error (re-scanning anyway): {error}"
-                    ),
-                    // Reading the modules (as every scan does) is no change; re-scanning
-                    // on it would scan for ever.
-                    Ok(event) if event.kind.is_access() => return,
-                    Ok(_) => {}
-                }
-                // A full channel already holds a pending re-scan.
-                let _ = events.try_send(());
-            })
-            .map_err(|source| ReloadError::Watch {
-                dir: dir.clone(),
-                source,
-            })?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(|source| ReloadError::Watch {
-                dir: dir.clone(),
-                source,
-            })?;
+        let (watcher, events, receiver) = watch(&dir)?;
         // Scan after the watch is in place, so no change falls between the two.
         let report = runtime.sync_dir(&dir).await?;
-        let task = tokio::spawn(async move {
-            let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
-            rescan.tick().await;
-            loop {
-                tokio::select! {
-                    event = receiver.recv() => {
-                        if event.is_none() {
-                            break;
-                        }
-                        // Debounce: wait for quiet, then drop the events that piled up.
-                        while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, receiver.recv()).await {}
-                    }
-                    _ = rescan.tick() => {}
-                }
-                match runtime.sync_dir(&dir).await {
-                    Ok(report) => {
-                        if !report.loaded.is_empty()
-                            || !report.removed.is_empty()
-                            || !report.refused.is_empty()
-                        {
-                            tracing::info!(
-                                dir = %dir.display(),
-                                loaded = ?report.loaded,
-                                removed = ?report.removed,
-                                refused = report.refused.len(),
-                                "modules directory re-scanned"
-                            );
-                        }
-                    }
-                    Err(error) => tracing::warn!("{error}; the modules in service keep serving"),
-                }
-            }
-        });
+        let task = tokio::spawn(watch_loop(runtime, dir, events, receiver, None));
         Ok((
             DirectoryWatcher {
                 _watcher: watcher,
@@ -236,6 +240,124 @@ impl DirectoryWatcher {
             },
             report,
         ))
+    }
+
+    /// Lists `dir` (every module in it counts as loading from now on), then loads the
+    /// modules in the background and watches it: the caller goes on (serves `/healthz`,
+    /// starts the controllers) while modules compile.
+    pub fn start_in_background(
+        runtime: Runtime,
+        dir: PathBuf,
+    ) -> Result<DirectoryWatcher, ReloadError> {
+        let (watcher, events, receiver) = watch(&dir)?;
+        let first = runtime.begin_scan(&dir)?;
+        let task = tokio::spawn(watch_loop(runtime, dir, events, receiver, Some(first)));
+        Ok(DirectoryWatcher {
+            _watcher: watcher,
+            task,
+        })
+    }
+}
+
+type Events = (
+    notify::RecommendedWatcher,
+    mpsc::Sender<()>,
+    mpsc::Receiver<()>,
+);
+
+/// Watches `dir`; each event (but reads) puts a pending re-scan in the channel.
+fn watch(dir: &Path) -> Result<Events, ReloadError> {
+    let (events, receiver) = mpsc::channel::<()>(1);
+    let sender = events.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        match &event {
+            Err(error) => {
+                tracing::warn!("modules directory watch error (re-scanning anyway): {error}")
+            }
+            // Reading the modules (as every scan does) is no change; re-scanning on it
+            // would scan for ever.
+            Ok(event) if event.kind.is_access() => return,
+            Ok(_) => {}
+        }
+        // A full channel already holds a pending re-scan.
+        let _ = sender.try_send(());
+    })
+    .map_err(|source| ReloadError::Watch {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    watcher
+        .watch(dir, RecursiveMode::NonRecursive)
+        .map_err(|source| ReloadError::Watch {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+    Ok((watcher, events, receiver))
+}
+
+/// Re-scans on events (debounced) and every [`RESCAN_INTERVAL`]. Each scan's loads run
+/// in a task of their own, so a slow compile never holds up the next scan; the tasks
+/// end (their compile children killed) when the watcher is dropped.
+async fn watch_loop(
+    runtime: Runtime,
+    dir: PathBuf,
+    events: mpsc::Sender<()>,
+    mut receiver: mpsc::Receiver<()>,
+    first: Option<Scan>,
+) {
+    let mut scans = tokio::task::JoinSet::new();
+    if let Some(first) = first {
+        scans.spawn(finish(runtime.clone(), first, events.clone(), true));
+    }
+    let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
+    rescan.tick().await;
+    loop {
+        tokio::select! {
+            event = receiver.recv() => {
+                if event.is_none() {
+                    break;
+                }
+                // Debounce: wait for quiet, then drop the events that piled up.
+                while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, receiver.recv()).await {}
+            }
+            _ = rescan.tick() => {}
+        }
+        while scans.try_join_next().is_some() {}
+        match runtime.begin_scan(&dir) {
+            Ok(scan) => {
+                scans.spawn(finish(runtime.clone(), scan, events.clone(), false));
+            }
+            Err(error) => tracing::warn!("{error}; the modules in service keep serving"),
+        }
+    }
+}
+
+/// Runs a scan's loads and logs what they did; when it skipped modules still loading,
+/// waits for their loads to end and asks for another scan.
+async fn finish(runtime: Runtime, scan: Scan, events: mpsc::Sender<()>, first: bool) {
+    let dir = scan.dir.clone();
+    let report = runtime.finish_scan(scan).await;
+    if first {
+        tracing::info!(?report, dir = %dir.display(), "modules loaded");
+    } else {
+        tracing::debug!(?report, dir = %dir.display(), "modules directory scanned");
+    }
+    if !first
+        && (!report.loaded.is_empty() || !report.removed.is_empty() || !report.refused.is_empty())
+    {
+        tracing::info!(
+            dir = %dir.display(),
+            loaded = ?report.loaded,
+            removed = ?report.removed,
+            refused = report.refused.len(),
+            "modules directory re-scanned"
+        );
+    }
+    if !report.loading.is_empty() {
+        for name in &report.loading {
+            let _ = runtime.load_lock(name).lock().await;
+        }
+        let _ = events.send(()).await;
     }
 }
 

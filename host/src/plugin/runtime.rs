@@ -10,9 +10,10 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
 
 use super::bindings::ProvisionerPre;
-use super::cache::{CacheError, CompileOutcome, PrecompiledCache};
+use super::cache::{CacheError, PrecompiledCache, deserialize_verified};
+use super::compile::{COMPILE_CHILDREN, CompileFailure, CompilerConfig, compile_in_child};
 use super::engine::{
-    Allocator, DEFAULT_MAX_GUEST_INSTANCES, EpochTicker, InstancePool, new_engine,
+    Allocator, CodegenSettings, DEFAULT_MAX_GUEST_INSTANCES, EpochTicker, InstancePool, new_engine,
 };
 use super::error::{CallError, LoadError, ResolveError};
 use super::grants::Grants;
@@ -47,8 +48,10 @@ pub fn class_pin<'a>(
     Ok(parameters.get(pin).map(String::as_str))
 }
 
-/// Compilations running at once: compiling is CPU-heavy and must not starve the
-/// controllers (Cranelift itself compiles functions in parallel).
+/// Compilations running at once in this process (without a [`CompilerConfig`]):
+/// compiling is CPU-heavy and must not starve the controllers (Cranelift itself compiles
+/// functions in parallel). Compiles in child processes are bounded by
+/// [`COMPILE_CHILDREN`] instead.
 pub const COMPILE_CONCURRENCY: usize = 1;
 
 /// How the runtime is set up.
@@ -66,6 +69,10 @@ pub struct RuntimeConfig {
     /// Guest instances alive at once, every module together (`--max-guest-instances`):
     /// the size of the instance pool.
     pub max_guest_instances: u32,
+    /// Compile modules in a child process bounded in time and memory (`run` and the
+    /// offline runner); `None` compiles in this process, unbounded (library users and
+    /// tests that load only trusted modules).
+    pub compiler: Option<CompilerConfig>,
 }
 
 impl Default for RuntimeConfig {
@@ -76,6 +83,7 @@ impl Default for RuntimeConfig {
             guest_log_bytes_per_call: super::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL,
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
             max_guest_instances: DEFAULT_MAX_GUEST_INSTANCES,
+            compiler: None,
         }
     }
 }
@@ -128,12 +136,44 @@ struct Inner {
     permits: Mutex<HashMap<String, Arc<Semaphore>>>,
     metrics: Arc<Metrics>,
     ticker: Arc<EpochTicker>,
+    /// What compiled code depends on: the compile child builds its engine from it.
+    codegen: CodegenSettings,
+    compiler: Option<CompilerConfig>,
     compiles: Semaphore,
-    /// Loads run one at a time, so two reloads of one module cannot race.
-    loading: tokio::sync::Mutex<()>,
+    /// One lock per module name: two loads of one module cannot race, and a module's
+    /// slow compile never holds up another module's load.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Modules whose load is under way (a count per name: scans may overlap); while one
+    /// is not in service yet, resolving it says "still loading", not "missing".
+    pending: Mutex<HashMap<String, usize>>,
     /// The sha256 of the last version refused per module: re-scans meet the same broken
     /// file again, and it is refused (logged, counted) once, not at every scan.
     refused_versions: Mutex<HashMap<String, String>>,
+    /// Why the last load of each module failed, until one succeeds: what a claim of a
+    /// module not in service is told.
+    last_refusal: Mutex<HashMap<String, String>>,
+}
+
+/// A module marked as loading ([`Runtime::mark_loading`]) until this is dropped.
+pub(crate) struct LoadingMark {
+    runtime: Runtime,
+    name: String,
+}
+
+impl Drop for LoadingMark {
+    fn drop(&mut self) {
+        let mut pending = lock(&self.runtime.inner.pending);
+        if let Some(count) = pending.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                pending.remove(&self.name);
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Runtime {
@@ -146,6 +186,7 @@ impl Runtime {
         };
         let (engine, allocator) =
             new_engine(pool).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let codegen = CodegenSettings::of(allocator, pool);
         let linker = linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(PrecompiledCache::open(dir, &engine).map_err(|source| {
@@ -173,9 +214,17 @@ impl Runtime {
                 permits: Mutex::default(),
                 metrics: Arc::default(),
                 ticker,
-                compiles: Semaphore::new(COMPILE_CONCURRENCY),
-                loading: tokio::sync::Mutex::new(()),
+                compiles: Semaphore::new(if config.compiler.is_some() {
+                    COMPILE_CHILDREN
+                } else {
+                    COMPILE_CONCURRENCY
+                }),
+                codegen,
+                compiler: config.compiler,
+                loading: Mutex::default(),
+                pending: Mutex::default(),
                 refused_versions: Mutex::default(),
+                last_refusal: Mutex::default(),
             }),
         })
     }
@@ -213,10 +262,7 @@ impl Runtime {
         name: &str,
         pinned_sha256: Option<&str>,
     ) -> Result<Arc<LoadedModule>, ResolveError> {
-        let module = self.module(name).ok_or_else(|| ResolveError::NotLoaded {
-            module: name.to_string(),
-            loaded: self.read_modules().keys().cloned().collect(),
-        })?;
+        let module = self.module(name).ok_or_else(|| self.not_in_service(name))?;
         // A pin present but empty (a template that rendered nothing) is refused, never
         // read as "no pin": a class pinned by mistake to nothing must not run any bytes.
         if let Some(pinned) = pinned_sha256.map(str::trim) {
@@ -241,6 +287,62 @@ impl Runtime {
         Ok(module)
     }
 
+    /// Why `name`, not in service, cannot be resolved: still loading, refused, or
+    /// missing.
+    fn not_in_service(&self, name: &str) -> ResolveError {
+        if lock(&self.inner.pending).contains_key(name) {
+            return ResolveError::Loading {
+                module: name.to_string(),
+            };
+        }
+        if let Some(refusal) = lock(&self.inner.last_refusal).get(name) {
+            return ResolveError::Refused {
+                module: name.to_string(),
+                refusal: refusal.clone(),
+            };
+        }
+        ResolveError::NotLoaded {
+            module: name.to_string(),
+            loaded: self.read_modules().keys().cloned().collect(),
+        }
+    }
+
+    /// Modules not in service whose load is under way.
+    pub fn modules_loading(&self) -> Vec<String> {
+        let pending: Vec<String> = lock(&self.inner.pending).keys().cloned().collect();
+        let modules = self.read_modules();
+        pending
+            .into_iter()
+            .filter(|name| !modules.contains_key(name))
+            .collect()
+    }
+
+    /// Marks `name` as loading until the mark is dropped: a claim of it then waits
+    /// instead of failing (see [`ResolveError::Loading`]).
+    pub(crate) fn mark_loading(&self, name: &str) -> LoadingMark {
+        *lock(&self.inner.pending)
+            .entry(name.to_string())
+            .or_default() += 1;
+        LoadingMark {
+            runtime: self.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    /// Forgets the refusals of modules whose file is gone.
+    pub(crate) fn forget_refusals_except(&self, present: &dyn Fn(&str) -> bool) {
+        lock(&self.inner.last_refusal).retain(|name, _| present(name));
+        lock(&self.inner.refused_versions).retain(|name, _| present(name));
+    }
+
+    /// The load lock of `name`.
+    pub(crate) fn load_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.inner.loading)
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
     /// Loads `path` as module `name`: validates it fully (compile, world, `describe`)
     /// and only then puts it in service. On failure the version in service, if any,
     /// keeps serving; the refusal is logged and counted.
@@ -248,6 +350,7 @@ impl Runtime {
     /// The file must be a regular file inside its directory (a symlink is followed only
     /// if it stays inside) of at most `max_module_bytes` (see `module_file`).
     pub async fn load_file(&self, name: &str, path: &Path) -> Result<LoadOutcome, LoadError> {
+        let _loading = self.mark_loading(name);
         let bytes = self
             .read_module(name, path)
             .await
@@ -271,6 +374,7 @@ impl Runtime {
         ) {
             return Ok(LoadOutcome::Unchanged);
         }
+        let _loading = self.mark_loading(name);
         let result = self.load_checked(name, bytes).await;
         let mut refused = self
             .inner
@@ -288,10 +392,13 @@ impl Runtime {
                     refused.insert(name.to_string(), sha256);
                 }
                 drop(refused);
+                lock(&self.inner.last_refusal).insert(name.to_string(), error.to_string());
                 self.refused(error);
             }
             Ok(_) => {
                 refused.remove(name);
+                drop(refused);
+                lock(&self.inner.last_refusal).remove(name);
             }
         }
         result
@@ -319,6 +426,15 @@ impl Runtime {
 
     fn refused(&self, error: &LoadError) {
         self.inner.metrics.record_refusal(error.module());
+        if let Some(limit) = error.compile_limit() {
+            self.inner
+                .metrics
+                .record_compile_limit_refusal(error.module(), limit);
+        }
+        if matches!(error, LoadError::Read { .. } | LoadError::TooLarge { .. }) {
+            // Not read, so nothing was remembered for it: a claim is told why.
+            lock(&self.inner.last_refusal).insert(error.module().to_string(), error.to_string());
+        }
         let serving = self.module(error.module());
         tracing::warn!(
             module = error.module(),
@@ -342,7 +458,8 @@ impl Runtime {
         }
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let version = sha256[..VERSION_DIGITS].to_string();
-        let _loading = self.inner.loading.lock().await;
+        let lock = self.load_lock(name);
+        let _loading = lock.lock().await;
         let previous = self.module(name);
         if previous.as_ref().is_some_and(|m| m.sha256() == sha256) {
             return Ok(LoadOutcome::Unchanged);
@@ -427,7 +544,10 @@ impl Runtime {
         })
     }
 
-    /// Compiles off the async threads, one compile at a time, through the cache.
+    /// Compiles off the async threads, through the cache: a hit is deserialised here;
+    /// a miss is compiled in a child process when the runtime has a [`CompilerConfig`]
+    /// (bounded in time and memory, at most [`COMPILE_CHILDREN`] at once), else in this
+    /// process (one at a time).
     async fn compile(
         &self,
         name: &str,
@@ -440,26 +560,65 @@ impl Runtime {
             version: version.to_string(),
             cause,
         };
+        let engine = self.inner.engine.clone();
+        let cache = self.inner.cache.clone();
+        let cached = cache.is_some();
+        if let Some(cache) = cache.clone() {
+            let digest = sha256.to_string();
+            let engine = engine.clone();
+            let hit = tokio::task::spawn_blocking(move || cache.lookup(&engine, &digest))
+                .await
+                .map_err(|e| compile_error(format!("the cache task failed: {e}")))?;
+            if let Some(component) = hit {
+                self.inner.metrics.record_compile(true, cached);
+                return Ok(component);
+            }
+        }
         let _permit = self
             .inner
             .compiles
             .acquire()
             .await
             .map_err(|e| compile_error(e.to_string()))?;
-        let engine = self.inner.engine.clone();
-        let cache = self.inner.cache.clone();
-        let cached = cache.is_some();
         let digest = sha256.to_string();
-        let (component, outcome) = tokio::task::spawn_blocking(move || match cache {
-            Some(cache) => cache.load_or_compile(&engine, &bytes, &digest),
-            None => Component::new(&engine, &bytes).map(|c| (c, CompileOutcome::Compiled)),
-        })
-        .await
+        let component = match &self.inner.compiler {
+            Some(compiler) => {
+                tracing::info!(
+                    module = name,
+                    version,
+                    timeout = ?compiler.timeout,
+                    memory_bytes = compiler.memory_bytes,
+                    "compiling module in a child process"
+                );
+                let native = compile_in_child(compiler, self.inner.codegen, bytes)
+                    .await
+                    .map_err(|failure| match failure {
+                        CompileFailure::Invalid(cause) => compile_error(cause),
+                        failure => LoadError::CompileChild {
+                            module: name.to_string(),
+                            version: version.to_string(),
+                            failure,
+                        },
+                    })?;
+                tokio::task::spawn_blocking(move || match cache {
+                    Some(cache) => cache.store_compiled(&engine, &digest, &native),
+                    None => deserialize_verified(&engine, &native),
+                })
+                .await
+            }
+            None => {
+                tokio::task::spawn_blocking(move || match cache {
+                    Some(cache) => engine
+                        .precompile_component(&bytes)
+                        .and_then(|native| cache.store_compiled(&engine, &digest, &native)),
+                    None => Component::new(&engine, &bytes),
+                })
+                .await
+            }
+        }
         .map_err(|e| compile_error(format!("the compile task failed: {e}")))?
         .map_err(|e| compile_error(format!("{e:#}")))?;
-        self.inner
-            .metrics
-            .record_compile(outcome == CompileOutcome::CacheHit, cached);
+        self.inner.metrics.record_compile(false, cached);
         Ok(component)
     }
 
@@ -500,10 +659,15 @@ impl Runtime {
 /// module was busy, `describe` timed out, the pool had no room for its share while
 /// other modules held it), rather than because of the version itself.
 fn transient(error: &LoadError) -> bool {
-    matches!(error, LoadError::PoolShare { .. })
-        || matches!(
-            error,
-            LoadError::Describe { error, .. }
-                if error.is_transient() || matches!(**error, CallError::Sandbox { .. })
-        )
+    match error {
+        LoadError::Describe { error, .. } => {
+            error.is_transient() || matches!(**error, CallError::Sandbox { .. })
+        }
+        // The pool had no room for its share while other modules held it.
+        LoadError::PoolShare { .. } => true,
+        // The compile child could not run at all: the host's problem. A compile that hit
+        // its time or memory limit would hit it again: the version's.
+        LoadError::CompileChild { failure, .. } => failure.is_transient(),
+        _ => false,
+    }
 }

@@ -45,7 +45,10 @@ pub(super) async fn cleanup(claim: &PersistentVolumeClaim, ctx: &Context) -> Res
     };
     let module = resolve_module(ctx, claim, &class)
         .await
-        .map_err(|error| cleanup_error(error.to_string()))?;
+        .map_err(|error| match error {
+            loading @ Error::ModuleLoading { .. } => loading,
+            error => cleanup_error(error.to_string()),
+        })?;
     let node = ClaimView(claim)
         .selected_node()
         .and_then(|name| ctx.node(name));

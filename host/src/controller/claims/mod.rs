@@ -45,7 +45,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::Context;
 use super::faults::Step;
@@ -77,6 +77,10 @@ pub enum Error {
     Skipped { claim: String, message: String },
     #[error("claim {claim}: {message}")]
     Module { claim: String, message: String },
+    /// The class's module is still loading (compiling): not a failed attempt, no Event;
+    /// the claim waits for it.
+    #[error("claim {claim}: {message}")]
+    ModuleLoading { claim: String, message: String },
     #[error(transparent)]
     Request(#[from] request::Error),
     #[error(transparent)]
@@ -292,6 +296,10 @@ impl Drop for InFlight<'_> {
 
 pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = key(&claim);
+    if let Error::ModuleLoading { .. } = error {
+        debug!(%error, "retrying in {:?}", shares::LOADING_RECHECK);
+        return Action::requeue(shares::LOADING_RECHECK);
+    }
     warn!(%error, "provisioning did not finish; will retry");
     let print = fingerprint(&claim);
     match error {

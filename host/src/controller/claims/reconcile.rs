@@ -228,7 +228,8 @@ async fn skip(
 }
 
 /// The class's module, honouring `moduleSHA256`. A missing or refused module is a
-/// Warning Event and a retry: the admin may be adding it right now.
+/// Warning Event and a retry: the admin may be adding it right now. A module still
+/// loading (its first version compiling) is neither: the claim waits for it.
 pub(super) async fn resolve_module(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
@@ -246,6 +247,12 @@ pub(super) async fn resolve_module(
                 .and_then(|pinned| ctx.runtime.resolve(module, pinned));
             match resolved {
                 Ok(loaded) => return Ok(loaded),
+                Err(error) if error.is_loading() => {
+                    return Err(Error::ModuleLoading {
+                        claim: ClaimView(claim).key(),
+                        message: format!("storage class {class_name:?}: {error}"),
+                    });
+                }
                 Err(error) => format!("storage class {class_name:?}: {error}"),
             }
         }
