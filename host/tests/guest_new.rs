@@ -74,6 +74,10 @@ fn scaffold_and_test(lang: &str, extra: &[&str], env: &[(&str, PathBuf)]) {
             "WASM_PROVISIONER_CACHE_DIR",
             cache().join("offline-runner-cwasm"),
         )
+        // This is the debug build of the host: its compile of a JavaScript guest needs
+        // 512 MiB, above the default (sized for the release build, see
+        // docs/security.md, "Compile cache").
+        .env("WASM_PROVISIONER_COMPILE_MEMORY_BYTES", "536870912")
         .env_remove("RUSTFLAGS")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("CARGO_ENCODED_RUSTFLAGS");
