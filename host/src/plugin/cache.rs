@@ -81,6 +81,23 @@ pub enum CacheError {
     Key(std::io::Error),
 }
 
+impl CacheError {
+    /// Whether the directory or its key could not be created because its filesystem is
+    /// full (or over quota): a tenant filling a hostPath volume on the node's disk can
+    /// cause that, and it is no reason to trust the directory less, only to do without
+    /// it. Every other problem (not private, unreadable) stays fatal.
+    pub fn is_out_of_space(&self) -> bool {
+        let io = match self {
+            CacheError::Open(io) | CacheError::Key(io) => io,
+            CacheError::NotPrivate { .. } => return false,
+        };
+        matches!(
+            io.raw_os_error(),
+            Some(code) if code == libc::ENOSPC || code == libc::EDQUOT
+        )
+    }
+}
+
 /// A directory of precompiled components.
 #[derive(Clone)]
 pub struct PrecompiledCache {
@@ -435,6 +452,21 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn only_a_full_filesystem_lets_the_host_run_without_its_cache() {
+        let errno = |code| std::io::Error::from_raw_os_error(code);
+        assert!(CacheError::Open(errno(libc::ENOSPC)).is_out_of_space());
+        assert!(CacheError::Key(errno(libc::EDQUOT)).is_out_of_space());
+        assert!(!CacheError::Open(errno(libc::EACCES)).is_out_of_space());
+        assert!(!CacheError::Key(errno(libc::EROFS)).is_out_of_space());
+        let not_private = CacheError::NotPrivate {
+            dir: "/x".into(),
+            problem: "mode 0777".into(),
+            host_uid: 0,
+        };
+        assert!(!not_private.is_out_of_space());
+    }
 
     #[test]
     fn entries_are_keyed_by_module_and_engine() {

@@ -189,12 +189,22 @@ impl Runtime {
         let codegen = CodegenSettings::of(allocator, pool);
         let linker = linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let cache = match &config.cache_dir {
-            Some(dir) => Some(PrecompiledCache::open(dir, &engine).map_err(|source| {
-                RuntimeError::Cache {
-                    dir: dir.clone(),
-                    source,
+            Some(dir) => match PrecompiledCache::open(dir, &engine) {
+                Ok(cache) => Some(cache),
+                Err(source) if source.is_out_of_space() => {
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        "running without the precompiled cache: {source}; its filesystem is full, so every start compiles every module until there is room (a volume filling the node's disk does this; keep the cache and the volumes on different filesystems)"
+                    );
+                    None
                 }
-            })?),
+                Err(source) => {
+                    return Err(RuntimeError::Cache {
+                        dir: dir.clone(),
+                        source,
+                    });
+                }
+            },
             None => None,
         };
         let directories = GrantedDirectories::open(&config.grants)?;
