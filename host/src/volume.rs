@@ -399,15 +399,7 @@ pub async fn publishable_volume(
             .map_err(|reason| SourceRefused {
                 module: module.name().to_string(),
                 volume: req.volume_name.clone(),
-                rule: format!(
-                    "modules.{}.volumes.{}",
-                    module.name(),
-                    if spec.local.is_some() {
-                        "local"
-                    } else {
-                        "hostPath"
-                    }
-                ),
+                rule: directory.rule.clone(),
                 reason,
             })?;
     }

@@ -52,15 +52,6 @@ const MAX_ENTRY_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 /// Tells the MAC of an entry apart from any other use of the key.
 const MAC_CONTEXT: &[u8] = b"wasm-provisioner precompiled component v1\0";
 
-/// How a component was obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CompileOutcome {
-    /// Compiled now (and stored, when there is a cache).
-    Compiled,
-    /// Loaded from the cache without compiling.
-    CacheHit,
-}
-
 /// Why the cache directory cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -203,22 +194,6 @@ impl PrecompiledCache {
             );
         }
         deserialize_verified(engine, native)
-    }
-
-    /// The component for `bytes` (whose digest is `sha256`): from the cache, or
-    /// compiled in this process and stored.
-    pub fn load_or_compile(
-        &self,
-        engine: &Engine,
-        bytes: &[u8],
-        sha256: &str,
-    ) -> wasmtime::Result<(Component, CompileOutcome)> {
-        if let Some(component) = self.lookup(engine, sha256) {
-            return Ok((component, CompileOutcome::CacheHit));
-        }
-        let native = engine.precompile_component(bytes)?;
-        let component = self.store_compiled(engine, sha256, &native)?;
-        Ok((component, CompileOutcome::Compiled))
     }
 
     /// The entry's bytes if it exists and its MAC verifies; `Ok(None)` if there is no

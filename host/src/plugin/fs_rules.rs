@@ -54,21 +54,27 @@ pub(crate) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
     )?;
     types.func_wrap_async(
         "[method]descriptor.rename-at",
-        |mut store,
+        |store,
          (dir, old_path, new_dir, new_path): (
             Resource<Descriptor>,
             String,
             Resource<Descriptor>,
             String,
         )| {
-            let state = store.data_mut();
-            let result = move_entry(state, Move::Rename, &dir, &old_path, &new_dir, &new_path);
+            let result = move_entry(
+                store.data(),
+                Move::Rename,
+                &dir,
+                &old_path,
+                &new_dir,
+                &new_path,
+            );
             Box::new(async move { Ok((result,)) })
         },
     )?;
     types.func_wrap_async(
         "[method]descriptor.link-at",
-        |mut store,
+        |store,
          (dir, flags, old_path, new_dir, new_path): (
             Resource<Descriptor>,
             PathFlags,
@@ -76,7 +82,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             Resource<Descriptor>,
             String,
         )| {
-            let state = store.data_mut();
+            let state = store.data();
             // As WASI: a hard link of what a symlink points to is not offered.
             let result = if flags.contains(PathFlags::SYMLINK_FOLLOW) {
                 Err(ErrorCode::Invalid)
@@ -99,7 +105,7 @@ enum Move {
 /// `rename-at` or `link-at` from `old_path` beneath `dir` to `new_path` beneath
 /// `new_dir`, under the top-level rule.
 fn move_entry(
-    state: &mut GuestState,
+    state: &GuestState,
     kind: Move,
     dir: &Resource<Descriptor>,
     old_path: &str,
@@ -116,10 +122,9 @@ fn move_entry(
     if from.perms == FsPerms::ReadOnly || to.perms == FsPerms::ReadOnly || from.perms != to.perms {
         return Err(ErrorCode::NotPermitted);
     }
-    let roots = state.grant_roots().clone();
     let outcome = move_beneath(
         kind,
-        &roots,
+        state.grant_roots(),
         from.dir.as_fd(),
         old_path,
         to.dir.as_fd(),

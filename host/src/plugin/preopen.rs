@@ -430,6 +430,7 @@ mod tests {
             directories.check_volume_directory(&VolumeDirectory {
                 directory: "/volumes".into(),
                 name: name.into(),
+                rule: "modules.m.volumes.hostPath".into(),
             })
         };
         check("pvc-dir").unwrap();
@@ -451,6 +452,7 @@ mod tests {
             .check_volume_directory(&VolumeDirectory {
                 directory: "/other".into(),
                 name: "pvc-dir".into(),
+                rule: "modules.m.volumes.hostPath".into(),
             })
             .unwrap_err();
         assert!(error.contains("no directory grant at /other"), "{error}");

@@ -92,6 +92,8 @@ pub struct PathGrant {
 pub struct VolumeDirectory {
     pub directory: String,
     pub name: String,
+    /// The grants rule that allowed it, for a refusal of the directory.
+    pub rule: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,6 +246,7 @@ impl VolumeGrants {
                 directory = Some(VolumeDirectory {
                     directory: grant.directory.clone(),
                     name: volume.to_string(),
+                    rule: rule.clone(),
                 });
                 if kind == "hostPath" {
                     let path_type = field("type").unwrap_or_default();
@@ -996,7 +999,8 @@ mod tests {
             found,
             Some(VolumeDirectory {
                 directory: "/d0".into(),
-                name: "pvc-1".into()
+                name: "pvc-1".into(),
+                rule: "modules.m.volumes.hostPath".into(),
             })
         );
         let found = g
@@ -1007,7 +1011,9 @@ mod tests {
                 &[],
             )
             .unwrap();
-        assert_eq!(found.unwrap().directory, "/d1");
+        let found = found.unwrap();
+        assert_eq!(found.directory, "/d1");
+        assert_eq!(found.rule, "modules.m.volumes.local");
         // A raw node device through a local volume in Block mode.
         let error = check(
             &g,
