@@ -6,6 +6,7 @@
 //! [`retry::Retries`], which applies the Go library's rate limiting (per-item exponential
 //! back-off combined with an overall token bucket) and failure thresholds.
 
+mod calls;
 pub mod claims;
 mod events;
 pub mod faults;
@@ -22,13 +23,14 @@ pub mod volumes;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -138,6 +140,14 @@ impl Context {
         let mut synced = self.caches_synced.clone();
         let _ = synced.wait_for(|synced| *synced).await;
     }
+}
+
+/// What a controller is fed: the watch of its objects, which fills its cache
+/// ([`Context::claims`], [`Context::volumes`]) as it goes, and the other triggers that
+/// reconcile an object again (a worker of its module's share freed, its class changed).
+pub struct Feed<K: kube::Resource<DynamicType = ()>> {
+    pub objects: BoxStream<'static, Result<K, watcher::Error>>,
+    pub triggers: Vec<BoxStream<'static, ObjectRef<K>>>,
 }
 
 /// Past its failure threshold a claim (volume) is retried once every resync period; the
@@ -292,14 +302,9 @@ pub async fn run(
     leadership: Leadership,
     stop: CancellationToken,
 ) {
-    let claims_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let volumes_api: Api<PersistentVolume> = Api::all(client.clone());
-    let classes_api: Api<StorageClass> = Api::all(client.clone());
-    // Metadata-only requests: the host needs a node's name and labels, not its status.
-    let nodes_api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
-
     let watcher_stop = CancellationToken::new();
     let (claims, claims_writer) = reflector::store();
+    let (volumes, volumes_writer) = reflector::store();
     // One watch of the classes, for the cache and for retrying a class's claims when it
     // changes: the claims are sent only once the cache holds the change, so their
     // reconcile never sees the class as it was (a second watch could lag the first).
@@ -307,7 +312,10 @@ pub async fn run(
     let classes = {
         let claims = claims.clone();
         reflect(
-            watcher(classes_api, watcher::Config::default()),
+            watcher(
+                Api::<StorageClass>::all(client.clone()),
+                watcher::Config::default(),
+            ),
             watcher_stop.clone(),
             move |event| {
                 for claim in claims_of_class(&claims, event) {
@@ -316,35 +324,39 @@ pub async fn run(
             },
         )
     };
+    // Metadata-only requests: the host needs a node's name and labels, not its status.
     let nodes = reflect(
-        watcher(nodes_api, watcher::Config::default()),
+        watcher(
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            watcher::Config::default(),
+        ),
         watcher_stop.clone(),
         |_| {},
     );
 
-    let config = kube::runtime::controller::Config::default().concurrency(settings.threads);
-    // A claim waiting for its module's share of the workers is reconciled again when a
-    // worker of that share frees.
+    // A claim (volume) waiting for its module's share of the workers is reconciled again
+    // when a worker of that share frees.
     let (claim_shares, claim_wakeups) =
         WorkerShares::new("claims", settings.threads, metrics.module_waiting.clone());
-    let claim_controller =
-        Controller::for_stream(cached(claims_api, claims_writer, |_| {}), claims.clone())
-            .with_config(config.clone())
-            .reconcile_on(claim_wakeups)
-            .reconcile_on(class_wakeups);
     let (volume_shares, volume_wakeups) =
         WorkerShares::new("volumes", settings.threads, metrics.module_waiting.clone());
-    let (volumes, volumes_writer) = reflector::store();
+    let claim_feed = Feed {
+        objects: cached(Api::all(client.clone()), claims_writer, |_| {}).boxed(),
+        triggers: vec![claim_wakeups.boxed(), class_wakeups.boxed()],
+    };
     let static_volumes = Arc::new(static_volumes::StaticVolumes::default());
     let storm = Arc::new(storm::Storm::new(&settings.provisioner_name));
-    let (observed, storm_observed) = (static_volumes.clone(), storm.clone());
-    let volume_events = cached(volumes_api, volumes_writer, move |event| {
-        observed.observe(event);
-        storm_observed.observe(event);
-    });
-    let volume_controller = Controller::for_stream(volume_events, volumes.clone())
-        .with_config(config)
-        .reconcile_on(volume_wakeups);
+    let volume_feed = {
+        let (observed, storm_observed) = (static_volumes.clone(), storm.clone());
+        let objects = cached(Api::all(client.clone()), volumes_writer, move |event| {
+            observed.observe(event);
+            storm_observed.observe(event);
+        });
+        Feed {
+            objects: objects.boxed(),
+            triggers: vec![volume_wakeups.boxed()],
+        }
+    };
 
     let events = EventSink::new(
         client.clone(),
@@ -385,10 +397,10 @@ pub async fn run(
         volume_shares,
         settings,
         runtime,
-        claims: claims.clone(),
-        volumes: volumes.clone(),
-        classes: classes.clone(),
-        nodes: nodes.clone(),
+        claims,
+        volumes,
+        classes,
+        nodes,
         events,
         metrics,
         recent: recent::Recent::default(),
@@ -396,90 +408,14 @@ pub async fn run(
         storm,
     });
 
-    let claim_stop = stop.clone();
-    let claim_loop = claim_controller
-        .graceful_shutdown_on(async move { claim_stop.cancelled().await })
-        .run(claims::reconcile, claims::error_policy, context.clone())
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "claim controller");
-            }
-        });
-    let volume_stop = stop.clone();
-    let volume_loop = volume_controller
-        .graceful_shutdown_on(async move { volume_stop.cancelled().await })
-        .run(volumes::reconcile, volumes::error_policy, context.clone())
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "volume controller");
-            }
-        });
-
-    let readiness = {
-        let health = health.clone();
-        let stop = stop.clone();
-        async move {
-            let synced = futures::future::join4(
-                claims.wait_until_ready(),
-                volumes.wait_until_ready(),
-                classes.wait_until_ready(),
-                nodes.wait_until_ready(),
-            );
-            let synced = tokio::select! {
-                synced = synced => synced,
-                _ = stop.cancelled() => return,
-            };
-            if matches!(synced, (Ok(()), Ok(()), Ok(()), Ok(()))) {
-                info!("caches synced; controllers ready");
-                let _ = caches_synced_tx.send(true);
-                health
-                    .ready
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    };
-    let depth = {
-        let context = context.clone();
-        let stop = stop.clone();
-        async move {
-            let mut last_sweep = std::time::Instant::now();
-            while !stop.is_cancelled() {
-                if last_sweep.elapsed() >= RETRY_SWEEP_INTERVAL {
-                    last_sweep = std::time::Instant::now();
-                    sweep_retries(&context);
-                }
-                context
-                    .metrics
-                    .queue_depth
-                    .with_label_values(&["claims"])
-                    .set(context.claim_retries.depth() as i64);
-                context
-                    .metrics
-                    .queue_depth
-                    .with_label_values(&["volumes"])
-                    .set(context.volume_retries.depth() as i64);
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-            }
-        }
-    };
-    let journal_sweep = {
-        let context = context.clone();
-        let stop = stop.clone();
-        async move {
-            context.caches_synced().await;
-            while !stop.is_cancelled() {
-                claims::sweep_journal(&context).await;
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    _ = tokio::time::sleep(JOURNAL_SWEEP_INTERVAL) => {}
-                }
-            }
-        }
-    };
-    futures::future::join5(claim_loop, volume_loop, readiness, depth, journal_sweep).await;
+    futures::future::join5(
+        claims::start(context.clone(), claim_feed, stop.clone()),
+        volumes::start(context.clone(), volume_feed, stop.clone()),
+        ready_once_synced(&context, &health, caches_synced_tx, &stop),
+        gauge_queues(&context, &stop),
+        sweep_journal_every(&context, &stop),
+    )
+    .await;
     journal_stop.cancel();
     if let Err(error) = journal_writer.await {
         warn!(%error, "provisioning journal writer failed");
@@ -490,4 +426,70 @@ pub async fn run(
         .ready
         .store(false, std::sync::atomic::Ordering::Relaxed);
     info!("controllers stopped");
+}
+
+/// Once the claims, volumes, classes and nodes stores all hold their first full list,
+/// the reconciles waiting for it go on and the host is ready (`/readyz`).
+async fn ready_once_synced(
+    context: &Context,
+    health: &Health,
+    caches_synced: tokio::sync::watch::Sender<bool>,
+    stop: &CancellationToken,
+) {
+    let synced = futures::future::join4(
+        context.claims.wait_until_ready(),
+        context.volumes.wait_until_ready(),
+        context.classes.wait_until_ready(),
+        context.nodes.wait_until_ready(),
+    );
+    let synced = tokio::select! {
+        synced = synced => synced,
+        _ = stop.cancelled() => return,
+    };
+    if matches!(synced, (Ok(()), Ok(()), Ok(()), Ok(()))) {
+        info!("caches synced; controllers ready");
+        let _ = caches_synced.send(true);
+        health
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Every second: the queue depth gauges; every [`RETRY_SWEEP_INTERVAL`], the retry
+/// state of objects that are gone.
+async fn gauge_queues(context: &Context, stop: &CancellationToken) {
+    let mut last_sweep = std::time::Instant::now();
+    while !stop.is_cancelled() {
+        if last_sweep.elapsed() >= RETRY_SWEEP_INTERVAL {
+            last_sweep = std::time::Instant::now();
+            sweep_retries(context);
+        }
+        context
+            .metrics
+            .queue_depth
+            .with_label_values(&["claims"])
+            .set(context.claim_retries.depth() as i64);
+        context
+            .metrics
+            .queue_depth
+            .with_label_values(&["volumes"])
+            .set(context.volume_retries.depth() as i64);
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Every [`JOURNAL_SWEEP_INTERVAL`], once the caches synced: the journal's intents whose
+/// claims are gone are cleaned up.
+async fn sweep_journal_every(context: &Context, stop: &CancellationToken) {
+    context.caches_synced().await;
+    while !stop.is_cancelled() {
+        claims::sweep_journal(context).await;
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(JOURNAL_SWEEP_INTERVAL) => {}
+        }
+    }
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::claims::decision::RetryRecord;
 use crate::backoff::Backoff;
 pub use crate::backoff::RetryPolicy;
 
@@ -149,6 +150,22 @@ impl Retries {
             return None;
         }
         Some(until - now)
+    }
+
+    /// Everything on record for `key`, for the claim controller's decision.
+    pub fn record(&self, key: &str) -> RetryRecord {
+        let state = self.state.lock().expect("retry state lock");
+        RetryRecord {
+            given_up: state.given_up.get(key).copied(),
+            held: state.held.get(key).copied(),
+            infeasible_under: state.infeasible.get(key).cloned(),
+        }
+    }
+
+    /// Drops the hold of `key` (expired, or its object changed since).
+    pub fn drop_hold(&self, key: &str) {
+        let mut state = self.state.lock().expect("retry state lock");
+        state.held.remove(key);
     }
 
     /// Forgets everything about `key`: after a success, or when it is gone.

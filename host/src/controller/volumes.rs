@@ -24,7 +24,7 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::Context;
-use super::claims::{InFlight, call, delete_outcome, observe_call};
+use super::calls::{InFlight, call, delete_outcome, observe_call};
 use super::faults::Step;
 use super::finalizers;
 use super::recent::VolumeStage;
@@ -234,8 +234,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
         Err(error) => return Err(delete_failed(ctx, pv, &class, error.to_string()).await),
     }
 
-    let gauge = ctx.metrics.in_flight.with_label_values(&["delete"]);
-    let in_flight = InFlight::start(&gauge);
+    let in_flight = InFlight::start(ctx, "delete");
     let started = Instant::now();
     let answer = ctx
         .leadership
@@ -388,4 +387,29 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>)
             )
         }
     }
+}
+
+/// Runs the volume controller over `feed` until `shutdown`, then lets its in-flight
+/// reconciles finish.
+pub async fn start(
+    ctx: Arc<Context>,
+    feed: super::Feed<PersistentVolume>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    use futures::StreamExt;
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.threads);
+    let mut controller = kube::runtime::Controller::for_stream(feed.objects, ctx.volumes.clone())
+        .with_config(config);
+    for trigger in feed.triggers {
+        controller = controller.reconcile_on(trigger);
+    }
+    controller
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "volume controller");
+            }
+        })
+        .await;
 }

@@ -1,317 +1,252 @@
-//! Provisioning: the intent first (the journal), the guest call, then publishing the
-//! PV, or discarding the backend volume when it cannot be published.
+//! Provisioning's steps that learn something: the module's `should-provision`, the
+//! intent recorded (the journal, else the claim) before the backend is touched, the
+//! `provision` call, the PV made of its answer and saved, or the volume discarded
+//! through the module when it cannot be published.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Instant;
 
-/// A host-side failure of a guest call (trap, timeout, ...): the backend may hold a
-/// half-made volume, so the intent stays (on the claim), like in-background.
-pub(super) async fn call_failed(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    class: &StorageClass,
-    source: CallError,
-) -> Error {
-    let note = format!(
-        "failed to provision volume with StorageClass {:?}: {source}",
-        class.name_any()
-    );
-    attempt_failed(ctx, claim, class, note).await;
-    Error::Call {
-        claim: ClaimView(claim).key(),
-        source,
-    }
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+use tracing::{info, warn};
+
+use super::attempt::Attempt;
+use super::decision::{DiscardOf, JournalHold, Publishing, Recorded};
+use super::error::Error;
+use super::finalizer;
+use super::lookup::vanished_node;
+use super::tell;
+use crate::claim::ClaimView;
+use crate::controller::Context;
+use crate::controller::calls::{InFlight, call, delete_outcome, observe_call, provision_outcome};
+use crate::controller::faults::Step;
+use crate::decide;
+use crate::leader::NotLeader;
+use crate::names;
+use crate::plugin::{Call, LoadedModule};
+use crate::{request, volume};
+
+/// The class and module of a claim the decision let through its rules.
+fn class_and_module(attempt: &Attempt<'_>) -> (Arc<StorageClass>, Arc<LoadedModule>) {
+    let class = attempt.class().cloned();
+    let module = attempt.loaded_module().cloned();
+    class
+        .zip(module)
+        .expect("the decision provisions only a claim of a class of ours whose module resolved")
 }
 
-pub(super) async fn provision(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    class: &StorageClass,
-    module: &LoadedModule,
-    request: ProvisionRequest,
-    share: Option<shares::SharePermit<PersistentVolumeClaim>>,
-) -> Result<Action, Error> {
-    let claim_key = ClaimView(claim).key();
-    let gauge = ctx.metrics.in_flight.with_label_values(&["provision"]);
-    let _in_flight = InFlight::start(&gauge);
-    let _storm = ctx.storm.provisioning();
-
-    // Persist the intent before the backend is touched: in the journal, unless it is on
-    // the claim already (our finalizer, from an earlier attempt).
-    let Some(_hold) = ctx.journal.hold(&key(claim)) else {
-        // The journal's sweep is cleaning up an earlier attempt's entry of this claim.
-        return Ok(Action::requeue(shares::RECHECK));
-    };
-    let mut fresh = None;
-    if !ClaimView(claim).has_finalizer(names::FINALIZER_CLAIM_PROVISIONING) {
-        let journaled = ctx
-            .journal
-            .record(claim)
-            .await
-            .map_err(|error| Error::journal(claim, error))?;
-        if journaled {
-            ctx.settings.faults.after(Step::JournalRecord, &claim_key);
-        } else {
-            // Too large for the journal: the intent goes on the claim (the slow path).
-            // From here on `claim` is the fresh object, so later finalizer edits see
-            // our finalizer.
-            let Some(added) = add_claim_finalizer(ctx, claim).await? else {
-                info!(claim = %claim_key, "the claim is gone or being deleted; not provisioning");
-                return Ok(Action::await_change());
-            };
-            ctx.settings.faults.after(Step::FinalizerAdd, &claim_key);
-            fresh = Some(added);
+/// Asks the module's `should-provision`, with the request `provision` gets too. A
+/// selected node that is gone (`node_vanished`: a provision is under way) is handed
+/// over by its name only.
+pub(super) async fn ask_should_provision(
+    attempt: &mut Attempt<'_>,
+    node_vanished: bool,
+) -> Result<(), Error> {
+    let (class, module) = class_and_module(attempt);
+    let node = match (node_vanished, ClaimView(attempt.claim()).selected_node()) {
+        (true, Some(name)) => {
+            info!(claim = %attempt.claim_key(), node = name, "the selected node is gone, but provisioning is under way; asking the module before rescheduling");
+            Some(Arc::new(vanished_node(name)))
         }
+        _ => attempt.node.as_ref().found().cloned(),
+    };
+    let request = request::provision_request(
+        attempt.claim(),
+        &class,
+        node.as_deref().map(|n| &n.metadata),
+    )?;
+    let ctx = attempt.ctx;
+    let answer = call(
+        ctx,
+        &module,
+        Call::ShouldProvision,
+        module.should_provision(&request),
+    )
+    .await;
+    attempt.request = Some(request);
+    attempt.should_provision = Some(answer);
+    Ok(())
+}
+
+/// Provisioning starts: counted in flight, a storm on (Normal Events wait), and the
+/// claim's journal entry held so the sweep leaves it alone.
+pub(super) fn begin(attempt: &mut Attempt<'_>) {
+    let ctx = attempt.ctx;
+    attempt.in_flight = Some(InFlight::start(ctx, "provision"));
+    attempt.storm = Some(ctx.storm.provisioning());
+    attempt.journal_hold = ctx.journal.hold(&attempt.key);
+    attempt.journal = if attempt.journal_hold.is_some() {
+        JournalHold::Taken
+    } else {
+        JournalHold::Refused
+    };
+}
+
+/// Persists the intent in the journal; returns once the journal in the API holds it.
+pub(super) async fn record_in_journal(attempt: &mut Attempt<'_>) -> Result<(), Error> {
+    let ctx = attempt.ctx;
+    let journaled = ctx
+        .journal
+        .record(attempt.claim())
+        .await
+        .map_err(|error| Error::journal(attempt.claim(), error))?;
+    attempt.recorded = if journaled {
+        ctx.settings
+            .faults
+            .after(Step::JournalRecord, &attempt.claim_key());
+        Recorded::InJournal
+    } else {
+        Recorded::TooLargeForJournal
+    };
+    Ok(())
+}
+
+/// Persists the intent on the claim (our finalizer). From here on the reconcile sees
+/// the claim as the write left it, so later finalizer edits see our finalizer.
+pub(super) async fn record_on_claim(attempt: &mut Attempt<'_>) -> Result<(), Error> {
+    let ctx = attempt.ctx;
+    match finalizer::add(ctx, attempt.claim()).await? {
+        Some(added) => {
+            ctx.settings
+                .faults
+                .after(Step::FinalizerAdd, &attempt.claim_key());
+            attempt.fresh = Some(added);
+            attempt.recorded = Recorded::OnClaim;
+        }
+        None => attempt.recorded = Recorded::ClaimGone,
     }
-    let claim = fresh.as_ref().unwrap_or(claim);
+    Ok(())
+}
+
+/// Tells the claim it is being provisioned and asks the module; its worker goes to the
+/// module's next claim once it answered.
+pub(super) async fn provision(attempt: &mut Attempt<'_>) -> Result<(), Error> {
+    let ctx = attempt.ctx;
+    let (_, module) = class_and_module(attempt);
+    let request = attempt
+        .request
+        .clone()
+        .expect("the module was asked should-provision with this request");
     ctx.events
         .claim_normal(
-            claim,
+            attempt.claim(),
             names::REASON_PROVISIONING,
-            format!("External provisioner is provisioning volume for claim {claim_key:?}"),
+            format!(
+                "External provisioner is provisioning volume for claim {:?}",
+                attempt.claim_key()
+            ),
         )
         .await;
-
     let started = Instant::now();
     let answer = ctx
         .leadership
         .fenced("guest provision call", module.provision(&request))
         .await?;
-    // The module answered: its share of the workers goes to its next claim.
-    drop(share);
+    attempt.share_permit = None;
     observe_call(
         ctx,
-        module,
+        &module,
         Call::Provision,
         started,
         provision_outcome(&answer),
     );
+    attempt.started = Some(started);
+    attempt.answer = Some(answer);
+    Ok(())
+}
 
-    let volume = match answer {
-        // The module did nothing; retried shortly.
-        Err(source) if source.is_busy() => {
-            ctx.journal.clear(&key(claim));
-            return Ok(busy(claim, &source));
-        }
-        Err(source) if source.is_pool_full() => {
-            ctx.journal.clear(&key(claim));
-            return Ok(pool_full::claim(&ctx.events, claim, &source).await);
-        }
-        Err(source) => {
-            keep_intent(ctx, claim).await?;
-            return Err(call_failed(ctx, claim, class, source).await);
-        }
-        Ok(Err(error)) => return provision_refused(ctx, claim, class, module, error).await,
-        Ok(Ok(volume)) => volume,
+/// Turns the module's volume into a PV and checks its source against the module's
+/// volume grants.
+pub(super) async fn check_volume(attempt: &mut Attempt<'_>) -> Result<(), Error> {
+    let ctx = attempt.ctx;
+    ctx.settings
+        .faults
+        .after(Step::GuestProvision, &attempt.claim_key());
+    let (class, module) = class_and_module(attempt);
+    let (Some(request), Some(Ok(Ok(volume)))) = (&attempt.request, &attempt.answer) else {
+        unreachable!("the decision checks only a volume the module answered");
     };
-
-    ctx.settings.faults.after(Step::GuestProvision, &claim_key);
-
-    publish(ctx, claim, class, module, &request, volume, started).await
-}
-
-/// The plugin answered an error variant: each outcome as the successor library does.
-async fn provision_refused(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    class: &StorageClass,
-    module: &LoadedModule,
-    error: ProvisionError,
-) -> Result<Action, Error> {
-    let claim_key = ClaimView(claim).key();
-    let outcome = provision_error_label(&error);
-    let (ProvisionError::Ignored(message)
-    | ProvisionError::Failed(message)
-    | ProvisionError::InBackground(message)
-    | ProvisionError::Reschedule(message)
-    | ProvisionError::Infeasible(message)) = &error;
-    let message = message.clone();
-
-    if let ProvisionError::Ignored(_) = error {
-        // "Not mine": no Warning, no retry; nothing was made.
-        info!(claim = %claim_key, module = module.name(), %message, "plugin ignored the claim");
-        ctx.claim_retries
-            .hold(&key(claim), fingerprint(claim), ctx.settings.resync_period);
-        release_intent(ctx, claim).await?;
-        return Ok(resync(ctx));
-    }
-
-    let note = format!(
-        "failed to provision volume with StorageClass {:?}: {message}",
-        class.name_any()
-    );
-    attempt_failed(ctx, claim, class, note).await;
-    match error {
-        // The backend may still be working: the intent stays (on the claim), retry.
-        ProvisionError::InBackground(_) => keep_intent(ctx, claim).await?,
-        ProvisionError::Reschedule(_) => {
-            release_intent(ctx, claim).await?;
-            remove_selected_node(ctx, claim).await?;
-        }
-        ProvisionError::Infeasible(_) => {
-            release_intent(ctx, claim).await?;
-            return Err(Error::Infeasible {
-                claim: claim_key,
-                module: module.name().to_string(),
-                message,
-                class_version: class.resource_version().unwrap_or_default(),
-            });
-        }
-        _ => release_intent(ctx, claim).await?,
-    }
-    Err(Error::Outcome {
-        claim: claim_key,
-        module: module.name().to_string(),
-        outcome,
-        message,
-    })
-}
-
-/// Turns the plugin's volume into a PV, checks its source against the module's volume
-/// grants and saves it. An answer that cannot be published (invalid, or a source the
-/// module may not publish) or a PV that cannot be saved is discarded: the backend volume
-/// is deleted through the module and nothing is published.
-async fn publish(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    class: &StorageClass,
-    module: &LoadedModule,
-    request: &ProvisionRequest,
-    volume: Volume,
-    started: Instant,
-) -> Result<Action, Error> {
-    let claim_key = ClaimView(claim).key();
-    let unpublished = volume::unpublished_delete_request(request, &volume);
-    let published = volume::publishable_volume(
+    attempt.delete_request = Some(volume::unpublished_delete_request(request, volume));
+    let checked = volume::publishable_volume(
         request,
-        claim,
-        class,
-        volume,
+        attempt.claim(),
+        &class,
+        volume.clone(),
         &ctx.settings.provisioner_name,
         ctx.settings.volume_protection_finalizer,
-        module,
+        &module,
     )
     .await;
-    let pv = match published {
-        Ok(pv) => pv,
+    match checked {
+        Ok(pv) => {
+            attempt.pv = Some(pv);
+            attempt.publishing = Publishing::Publishable;
+        }
         Err(error) => {
-            let message = error.to_string();
-            warn!(claim = %claim_key, module = module.name(), "{message}");
-            provision_failed_metric(ctx, claim, class);
-            return discard(ctx, claim, module, &unpublished, message).await;
-        }
-    };
-
-    match save_volume(ctx, claim, &pv).await {
-        Saved::Yes => {
-            ctx.settings.faults.after(Step::PvCreate, &claim_key);
-            let labels = metric_labels(claim, class);
-            let labels = [labels[0].as_str(), labels[1].as_str()];
-            ctx.metrics.provision_total.with_label_values(&labels).inc();
-            ctx.metrics
-                .provision_duration
-                .with_label_values(&labels)
-                .observe(started.elapsed().as_secs_f64());
-            if let Some(created) = &claim.metadata.creation_timestamp {
-                let waited = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
-                ctx.metrics
-                    .claim_to_volume
-                    .with_label_values(&[labels[0]])
-                    .observe(waited.as_secs_f64().max(0.0));
-            }
-            info!(claim = %claim_key, volume = pv.name_any(), module = module.name(), "provisioned");
-            ctx.events
-                .claim_normal(
-                    claim,
-                    names::REASON_PROVISIONING_SUCCEEDED,
-                    format!("Successfully provisioned volume {}", pv.name_any()),
-                )
-                .await;
-            // The PV holds the backend volume from here on: the journal entry goes
-            // (with the journal's next write, not waited for). A finalizer of an
-            // earlier attempt stays until the binder has bound the claim to this PV
-            // (the claim's next reconcile): removed now, it would race the binder's
-            // update of the claim and make it sync the Pending claim once more; a
-            // claim deleted meanwhile only loses the finalizer (`cleanup`).
-            ctx.journal.clear(&key(claim));
-            ctx.claim_retries.forget(&key(claim));
-            Ok(resync(ctx))
-        }
-        Saved::NotLeader(fenced) => Err(fenced.into()),
-        Saved::Conflict(message) => {
-            // A PV of this name exists but is not this claim's live volume (one on its
-            // way out): that PV's deletion owns the backend volume of the same name.
-            keep_intent(ctx, claim).await?;
-            attempt_failed(ctx, claim, class, message.clone()).await;
-            Err(Error::Save {
-                claim: claim_key,
-                message,
-            })
-        }
-        Saved::No(message) => {
-            provision_failed_metric(ctx, claim, class);
-            let delete = volume::delete_request(&pv, Some(class))?;
-            discard(ctx, claim, module, &delete, message).await
+            attempt.unpublished_because = Some(error.to_string());
+            attempt.publishing = Publishing::Unpublishable;
         }
     }
+    Ok(())
 }
 
-/// Deletes, through the module, a backend volume that was made but not published, so
-/// nothing is left behind; then provisioning is retried with back-off. If the delete
-/// fails, the intent moves onto the claim as its finalizer (the volume exists) and the
-/// cleanup is retried.
-async fn discard(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    module: &LoadedModule,
-    delete: &DeleteRequest,
-    message: String,
-) -> Result<Action, Error> {
-    let claim_key = ClaimView(claim).key();
+/// Creates the PV.
+pub(super) async fn save(attempt: &mut Attempt<'_>) -> Result<(), Error> {
+    let pv = attempt
+        .pv
+        .as_ref()
+        .expect("the decision saves a checked PV");
+    attempt.publishing = match save_volume(attempt.ctx, attempt.claim(), pv).await {
+        Saved::Yes => Publishing::Saved,
+        Saved::NotLeader(fenced) => return Err(fenced.into()),
+        Saved::Conflict(message) => {
+            attempt.unpublished_because = Some(message);
+            Publishing::Conflict
+        }
+        Saved::No(message) => {
+            attempt.unpublished_because = Some(message);
+            Publishing::NotSaved
+        }
+    };
+    Ok(())
+}
+
+/// Deletes, through the module, a backend volume that was made but cannot be
+/// published, so nothing is left behind: a failed attempt.
+pub(super) async fn discard(attempt: &mut Attempt<'_>, of: DiscardOf) -> Result<(), Error> {
+    let ctx = attempt.ctx;
+    let (class, module) = class_and_module(attempt);
+    tell::failed_metric(ctx, attempt.claim(), &class);
+    match of {
+        DiscardOf::Answer => {
+            let message = attempt.unpublished_because.as_deref().unwrap_or_default();
+            warn!(claim = %attempt.claim_key(), module = module.name(), "{message}");
+        }
+        DiscardOf::Volume => {
+            let pv = attempt
+                .pv
+                .as_ref()
+                .expect("the decision discards a PV it checked");
+            attempt.delete_request = Some(volume::delete_request(pv, Some(&class))?);
+        }
+    }
+    let delete = attempt
+        .delete_request
+        .as_ref()
+        .expect("a checked volume has its delete request");
     let started = Instant::now();
     let answer = ctx
         .leadership
         .fenced("guest delete call", module.delete(delete))
         .await?;
-    observe_call(ctx, module, Call::Delete, started, delete_outcome(&answer));
-    let cause = match answer {
-        Ok(Ok(())) => {
-            ctx.settings.faults.after(Step::GuestDelete, &claim_key);
-            ctx.events
-                .claim_warning(
-                    claim,
-                    names::REASON_PROVISIONING_FAILED,
-                    format!(
-                        "{message}; the backend volume was deleted and provisioning will be retried"
-                    ),
-                )
-                .await;
-            release_intent(ctx, claim).await?;
-            return Err(Error::Save {
-                claim: claim_key,
-                message,
-            });
-        }
-        Ok(Err(error)) => format!("{error:?}"),
-        Err(error) => error.to_string(),
-    };
-    keep_intent(ctx, claim).await?;
-    ctx.events
-        .claim_warning(
-            claim,
-            names::REASON_PROVISIONING_CLEANUP_FAILED,
-            format!(
-                "{message}; deleting the backend volume {} failed too: {cause}. It will be retried while the claim exists; if you delete the claim, please delete the volume manually",
-                delete.volume.name
-            ),
-        )
-        .await;
-    Err(Error::Save {
-        claim: claim_key,
-        message: format!("{message}; cleanup failed: {cause}"),
-    })
+    observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
+    attempt.deleted = Some(answer);
+    Ok(())
 }
 
-enum Saved {
+pub(super) enum Saved {
     Yes,
     /// The leadership fence closed: not saved, and nothing may be deleted by us.
     NotLeader(NotLeader),

@@ -1,0 +1,101 @@
+//! Guest calls as both controllers make them: each one timed and counted
+//! (`wasm_provisioner_guest_call_*`), its outcome labelled, and the operations in flight
+//! gauged.
+
+use std::time::Instant;
+
+use crate::plugin::types::{DeleteError, ProvisionError, Volume};
+use crate::plugin::{Call, CallError, LoadedModule};
+
+use super::Context;
+
+/// Runs one guest call, recording its duration and outcome.
+pub(super) async fn call<T>(
+    ctx: &Context,
+    module: &LoadedModule,
+    call: Call,
+    future: impl std::future::Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    let started = Instant::now();
+    let result = future.await;
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(error) => error.metric_label(),
+    };
+    observe_call(ctx, module, call, started, outcome);
+    result
+}
+
+/// Records one guest call that started at `started` and ended with `outcome`.
+pub(super) fn observe_call(
+    ctx: &Context,
+    module: &LoadedModule,
+    call: Call,
+    started: Instant,
+    outcome: &str,
+) {
+    let labels = [module.name(), call.as_str(), outcome];
+    ctx.metrics
+        .guest_call_duration
+        .with_label_values(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    if outcome != "ok" {
+        ctx.metrics
+            .guest_call_failures
+            .with_label_values(&labels)
+            .inc();
+    }
+}
+
+/// The metric label of a plugin's provision error.
+pub(super) fn provision_error_label(error: &ProvisionError) -> &'static str {
+    match error {
+        ProvisionError::Ignored(_) => "ignored",
+        ProvisionError::Failed(_) => "failed",
+        ProvisionError::InBackground(_) => "in_background",
+        ProvisionError::Reschedule(_) => "reschedule",
+        ProvisionError::Infeasible(_) => "infeasible",
+    }
+}
+
+/// The metric outcome of a `provision` call: "ok", the plugin's error variant, or the
+/// sandbox failure.
+pub(super) fn provision_outcome(
+    answer: &Result<Result<Volume, ProvisionError>, CallError>,
+) -> &'static str {
+    match answer {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(error)) => provision_error_label(error),
+        Err(error) => error.metric_label(),
+    }
+}
+
+/// The metric outcome of a `delete` call.
+pub(super) fn delete_outcome(answer: &Result<Result<(), DeleteError>, CallError>) -> &'static str {
+    match answer {
+        Ok(Ok(())) => "ok",
+        Ok(Err(DeleteError::Ignored(_))) => "ignored",
+        Ok(Err(DeleteError::Failed(_))) => "failed",
+        Ok(Err(DeleteError::InBackground(_))) => "in_background",
+        Err(error) => error.metric_label(),
+    }
+}
+
+/// One operation in flight (`wasm_provisioner_operations_in_flight`): the gauge goes
+/// down when this is dropped, also when the operation is cancelled.
+pub(super) struct InFlight(prometheus::IntGauge);
+
+impl InFlight {
+    /// Counts one `operation` ("provision", "delete") in flight.
+    pub(super) fn start(ctx: &Context, operation: &str) -> Self {
+        let gauge = ctx.metrics.in_flight.with_label_values(&[operation]);
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

@@ -1,0 +1,123 @@
+//! The steps that end a reconcile before the module is asked to provision: not ours,
+//! deleted, bound, held, published already, no module, a rule says no, waiting for a
+//! worker or the journal, a vanished node.
+
+use kube::runtime::controller::Action;
+use tracing::info;
+
+use super::attempt::Attempt;
+use super::error::Error;
+use super::intent;
+use super::reschedule::remove_selected_node;
+use crate::claim::ClaimView;
+use crate::names;
+
+/// Bound: whatever was started is published; the intent goes.
+pub(super) async fn release_bound(attempt: &Attempt<'_>) -> Result<Action, Error> {
+    let ctx = attempt.ctx;
+    intent::release(ctx, attempt.claim()).await?;
+    ctx.claim_retries.forget(&attempt.key);
+    Ok(Action::requeue(ctx.settings.resync_period))
+}
+
+/// Its PV exists: the binder binds it next. A journal entry of an attempt cut short
+/// after the PV create goes now.
+pub(super) fn already_published(attempt: &Attempt<'_>) -> Action {
+    let ctx = attempt.ctx;
+    ctx.journal.clear(&attempt.key);
+    ctx.claim_retries.forget(&attempt.key);
+    Action::requeue(ctx.settings.resync_period)
+}
+
+/// Being deleted, with nothing of ours under way.
+pub(super) fn forget_deleted(attempt: &Attempt<'_>) -> Action {
+    attempt.ctx.claim_retries.forget(&attempt.key);
+    Action::await_change()
+}
+
+/// The module is still loading: the claim waits for it (no failed attempt, no Event).
+pub(super) fn module_loading(attempt: &Attempt<'_>) -> Error {
+    Error::ModuleLoading {
+        claim: attempt.claim_key(),
+        message: module_problem(attempt),
+    }
+}
+
+/// The claim went (or is going) while its intent was being recorded.
+pub(super) fn claim_gone(attempt: &Attempt<'_>) -> Action {
+    info!(claim = %attempt.claim_key(), "the claim is gone or being deleted; not provisioning");
+    Action::await_change()
+}
+
+/// Why the class's module cannot be had.
+pub(super) fn module_problem(attempt: &Attempt<'_>) -> String {
+    match &attempt.module {
+        super::decision::Lookup::Found(Err(problem)) => problem.message.clone(),
+        _ => String::new(),
+    }
+}
+
+/// No module to ask: a Warning Event (the admin may be adding it right now), a retry.
+pub(super) async fn module_unavailable(attempt: &Attempt<'_>) -> Error {
+    let message = module_problem(attempt);
+    attempt
+        .ctx
+        .events
+        .claim_warning(
+            attempt.claim(),
+            names::REASON_PROVISIONING_FAILED,
+            message.clone(),
+        )
+        .await;
+    Error::Module {
+        claim: attempt.claim_key(),
+        message,
+    }
+}
+
+pub(super) async fn skip(
+    attempt: &Attempt<'_>,
+    reason: crate::decide::SkipProvision,
+    warn: bool,
+    retry: bool,
+) -> Result<Action, Error> {
+    let ctx = attempt.ctx;
+    if warn {
+        ctx.events
+            .claim_warning(
+                attempt.claim(),
+                names::REASON_PROVISIONING_FAILED,
+                reason.to_string(),
+            )
+            .await;
+    }
+    if retry {
+        return Err(Error::Skipped {
+            claim: attempt.claim_key(),
+            message: reason.to_string(),
+        });
+    }
+    Ok(Action::requeue(ctx.settings.resync_period))
+}
+
+/// The selected node is gone and nothing is under way: the scheduler picks again.
+pub(super) async fn reschedule(attempt: &Attempt<'_>) -> Result<Error, Error> {
+    let ctx = attempt.ctx;
+    let name = ClaimView(attempt.claim())
+        .selected_node()
+        .unwrap_or_default();
+    let message =
+        format!("selected node {name:?} does not exist; asking the scheduler to pick another");
+    ctx.events
+        .claim_warning(
+            attempt.claim(),
+            names::REASON_PROVISIONING_FAILED,
+            message.clone(),
+        )
+        .await;
+    remove_selected_node(ctx, attempt.claim()).await?;
+    Ok(Error::Skipped {
+        claim: attempt.claim_key(),
+        message,
+    })
+}
