@@ -1,0 +1,74 @@
+//! Why a reconcile of a volume did not finish, and how the volume is retried then.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use tracing::warn;
+
+use super::key::key;
+use crate::controller::Context;
+use crate::controller::retry::Next;
+use crate::leader::NotLeader;
+use crate::{names, volume};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("volume {volume}: Kubernetes API: {source}")]
+    Api {
+        volume: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("volume {volume}: {message}")]
+    Delete { volume: String, message: String },
+    #[error(transparent)]
+    Request(#[from] volume::Error),
+    /// The leadership fence closed: nothing more is done; the next leader takes over.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    /// The decision named no final step within its bound of steps: a bug, retried with
+    /// back-off.
+    #[error("volume {volume}: no decision after {steps} steps (a bug); the last was {last}")]
+    Undecided {
+        volume: String,
+        steps: usize,
+        last: String,
+    },
+}
+
+impl Error {
+    pub(super) fn api(pv: &PersistentVolume, source: kube::Error) -> Self {
+        Error::Api {
+            volume: pv.name_any(),
+            source,
+        }
+    }
+}
+
+/// A failed delete is retried with back-off and given up past
+/// `--failed-delete-threshold` (then once per resync period, with one Warning Event).
+pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(%error, "deleting did not finish; will retry");
+    if let Error::NotLeader(_) = error {
+        return Action::requeue(crate::controller::claims::NOT_LEADER_REQUEUE);
+    }
+    match ctx.volume_retries.failed(&key(&pv), 0) {
+        Next::RetryAfter(delay) => Action::requeue(delay),
+        Next::GiveUp { failures, first } => {
+            let note = format!(
+                "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept and its deletion retried once every {} (--resync-period); fix the cause, or delete the backend volume manually",
+                humantime::format_duration(ctx.settings.resync_period)
+            );
+            crate::controller::give_up(
+                ctx,
+                "volumes",
+                kube::Resource::object_ref(pv.as_ref(), &()),
+                first,
+                names::REASON_VOLUME_FAILED_DELETE,
+                note,
+            )
+        }
+    }
+}
