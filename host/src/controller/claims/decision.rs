@@ -434,16 +434,16 @@ fn class_is_ours(s: &Snapshot, class: &StorageClass) -> bool {
     class.provisioner == s.rules.provisioner_name
 }
 
-/// Announced to us, or taken before the binder's announcement: `--provision-before-
-/// binder`, no volume and no selector named, its class (as cached) ours, and no
-/// existing PV that may be its; or its provisioning started already (journaled).
+/// Not announced to us, but ours all the same: its provisioning started already (its
+/// intent is in our journal), or it is taken before the binder's announcement
+/// (`--provision-before-binder`: announced to nobody, no volume and no selector named,
+/// its class as cached ours, and no existing PV that may be its).
 fn taken_before_binder(s: &Snapshot) -> bool {
-    let view = ClaimView(s.claim);
-    if view.provisioner().is_some() {
-        return false;
-    }
     if s.journaled {
         return true;
+    }
+    if ClaimView(s.claim).provisioner().is_some() {
+        return false;
     }
     let spec = s.claim.spec.as_ref();
     let names_volume_or_selector = spec.is_some_and(|spec| {

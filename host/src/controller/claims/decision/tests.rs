@@ -302,6 +302,15 @@ fn rows() -> Vec<Row> {
             },
             Step::ResolveModule,
         ),
+        (
+            "a claim announced to another provisioner whose intent is in our journal is ours",
+            |c| {
+                c.annotate(names::ANN_STORAGE_PROVISIONER, "other.example.com");
+                c.journaled = true;
+                c.delete();
+            },
+            Step::HoldJournal,
+        ),
         // Deleted.
         (
             "a deleted claim with nothing under way is forgotten",
