@@ -291,18 +291,29 @@ fn claims_of_class(
         .collect()
 }
 
-/// Runs both controllers until `stop` is cancelled, then lets in-flight reconciles
-/// finish (graceful shutdown) and returns.
-pub async fn run(
-    client: Client,
-    settings: Settings,
-    runtime: Arc<Runtime>,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    leadership: Leadership,
-    stop: CancellationToken,
-) {
-    let watcher_stop = CancellationToken::new();
+/// The caches of claims, volumes, classes and nodes, each filled by its own watch, and
+/// what feeds the two controllers.
+struct Watches {
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+    classes: Store<StorageClass>,
+    nodes: Store<PartialObjectMeta<Node>>,
+    claim_feed: Feed<PersistentVolumeClaim>,
+    volume_feed: Feed<PersistentVolume>,
+    claim_shares: Arc<WorkerShares<PersistentVolumeClaim>>,
+    volume_shares: Arc<WorkerShares<PersistentVolume>>,
+    static_volumes: Arc<static_volumes::StaticVolumes>,
+    storm: Arc<storm::Storm>,
+}
+
+/// Starts the class and node watches (they run until `stop`) and makes the claim and
+/// volume watches, which the controllers run.
+fn watch(
+    client: &Client,
+    settings: &Settings,
+    metrics: &Metrics,
+    stop: &CancellationToken,
+) -> Watches {
     let (claims, claims_writer) = reflector::store();
     let (volumes, volumes_writer) = reflector::store();
     // One watch of the classes, for the cache and for retrying a class's claims when it
@@ -316,7 +327,7 @@ pub async fn run(
                 Api::<StorageClass>::all(client.clone()),
                 watcher::Config::default(),
             ),
-            watcher_stop.clone(),
+            stop.clone(),
             move |event| {
                 for claim in claims_of_class(&claims, event) {
                     let _ = class_changed.unbounded_send(claim);
@@ -330,10 +341,9 @@ pub async fn run(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
             watcher::Config::default(),
         ),
-        watcher_stop.clone(),
+        stop.clone(),
         |_| {},
     );
-
     // A claim (volume) waiting for its module's share of the workers is reconciled again
     // when a worker of that share frees.
     let (claim_shares, claim_wakeups) =
@@ -346,25 +356,49 @@ pub async fn run(
     };
     let static_volumes = Arc::new(static_volumes::StaticVolumes::default());
     let storm = Arc::new(storm::Storm::new(&settings.provisioner_name));
-    let volume_feed = {
-        let (observed, storm_observed) = (static_volumes.clone(), storm.clone());
-        let objects = cached(Api::all(client.clone()), volumes_writer, move |event| {
-            observed.observe(event);
-            storm_observed.observe(event);
-        });
-        Feed {
-            objects: objects.boxed(),
+    let (observed, storm_observed) = (static_volumes.clone(), storm.clone());
+    let volume_objects = cached(Api::all(client.clone()), volumes_writer, move |event| {
+        observed.observe(event);
+        storm_observed.observe(event);
+    });
+    Watches {
+        claims,
+        volumes,
+        classes,
+        nodes,
+        claim_feed,
+        volume_feed: Feed {
+            objects: volume_objects.boxed(),
             triggers: vec![volume_wakeups.boxed()],
-        }
-    };
+        },
+        claim_shares,
+        volume_shares,
+        static_volumes,
+        storm,
+    }
+}
 
+/// Runs both controllers until `stop` is cancelled, then lets in-flight reconciles
+/// finish (graceful shutdown) and returns.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    runtime: Arc<Runtime>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    leadership: Leadership,
+    stop: CancellationToken,
+) {
+    let watcher_stop = CancellationToken::new();
+    let watches = watch(&client, &settings, &metrics, &watcher_stop);
+    let reporter = Reporter {
+        controller: settings.provisioner_name.clone(),
+        instance: Some(settings.identity.clone()),
+    };
     let events = EventSink::new(
         client.clone(),
-        Reporter {
-            controller: settings.provisioner_name.clone(),
-            instance: Some(settings.identity.clone()),
-        },
-        storm.clone(),
+        reporter,
+        watches.storm.clone(),
         settings.event_max_delay,
     );
     // The intents a crashed (or deposed) leader left are read before anything is
@@ -380,37 +414,37 @@ pub async fn run(
     let journal_writer = tokio::spawn(journal.clone().run_writer(journal_stop.clone()));
 
     let (caches_synced_tx, caches_synced) = tokio::sync::watch::channel(false);
+    let retries = |failure_threshold| {
+        Retries::new(RetryPolicy {
+            failure_threshold,
+            ..settings.retry.clone()
+        })
+    };
     let context = Arc::new(Context {
         journal,
         caches_synced,
         leadership,
         client,
-        claim_retries: Retries::new(RetryPolicy {
-            failure_threshold: settings.failed_provision_threshold,
-            ..settings.retry.clone()
-        }),
-        volume_retries: Retries::new(RetryPolicy {
-            failure_threshold: settings.failed_delete_threshold,
-            ..settings.retry.clone()
-        }),
-        claim_shares,
-        volume_shares,
+        claim_retries: retries(settings.failed_provision_threshold),
+        volume_retries: retries(settings.failed_delete_threshold),
+        claim_shares: watches.claim_shares,
+        volume_shares: watches.volume_shares,
         settings,
         runtime,
-        claims,
-        volumes,
-        classes,
-        nodes,
+        claims: watches.claims,
+        volumes: watches.volumes,
+        classes: watches.classes,
+        nodes: watches.nodes,
         events,
         metrics,
         recent: recent::Recent::default(),
-        static_volumes,
-        storm,
+        static_volumes: watches.static_volumes,
+        storm: watches.storm,
     });
 
     futures::future::join5(
-        claims::start(context.clone(), claim_feed, stop.clone()),
-        volumes::start(context.clone(), volume_feed, stop.clone()),
+        claims::start(context.clone(), watches.claim_feed, stop.clone()),
+        volumes::start(context.clone(), watches.volume_feed, stop.clone()),
         ready_once_synced(&context, &health, caches_synced_tx, &stop),
         gauge_queues(&context, &stop),
         sweep_journal_every(&context, &stop),
