@@ -6,7 +6,7 @@
 #
 # A backticked word is a repository path when it starts with a top-level entry of the
 # repository (`host/...`, `tests/...`, `.ci/run`, `Cargo.toml`, ...); paths relative to a
-# folder named nearby (`src/plugin/`) and node paths (`/var/lib/...`) are not checked. A
+# folder named nearby (`runtime/src/`) and node paths (`/var/lib/...`) are not checked. A
 # word with `*` must match at least one file; `{a,b}` is expanded. Build outputs that a
 # fresh clone does not have (guests/dist/, deploy/modules/*.wasm, target/) are skipped.
 # Fenced code blocks are not read.

@@ -25,10 +25,10 @@ mod common;
 
 use std::sync::Arc;
 
-use wasm_provisioner::plugin::types::{
+use wasm_provisioner_rules::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
 };
-use wasm_provisioner::plugin::{CallError, Grants, LoadedModule, Runtime, RuntimeConfig};
+use wasm_provisioner_runtime::{CallError, Grants, LoadedModule, Runtime, RuntimeConfig};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -264,7 +264,7 @@ async fn aliased_answer_is_stopped_while_lifting() {
         error.metric_label()
     );
     let message = error.to_string();
-    let bound = wasm_provisioner::plugin::limits::MAX_LIFT_BYTES.to_string();
+    let bound = wasm_provisioner_runtime::limits::MAX_LIFT_BYTES.to_string();
     for part in [
         "module alias",
         "`provision`",

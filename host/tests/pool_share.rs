@@ -12,11 +12,11 @@ mod common;
 
 use std::time::Duration;
 
-use wasm_provisioner::plugin::pool::CallNeed;
-use wasm_provisioner::plugin::types::{
+use wasm_provisioner_rules::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
 };
-use wasm_provisioner::plugin::{CallError, Grants, LoadError, Runtime, RuntimeConfig};
+use wasm_provisioner_runtime::pool::CallNeed;
+use wasm_provisioner_runtime::{CallError, Grants, LoadError, Runtime, RuntimeConfig};
 
 /// The hostile component: its main module implements the world (1 memory), and it
 /// instantiates [`HOG_INSTANCES`] times a core module defining [`HOG_TABLES`] tables

@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use wasm_provisioner::plugin::types::{
+use wasm_provisioner_rules::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
 };
-use wasm_provisioner::plugin::{CallError, DirectoryWatcher, Runtime};
+use wasm_provisioner_runtime::{CallError, DirectoryWatcher, Runtime};
 use wasm_provisioner_tests::guests::{self, runtime};
 
 /// How long a change may take to be served: the debounce plus a compile, with room
@@ -277,7 +277,7 @@ async fn plain_directory_with_copies_reloads_too() {
 
 /// What a call on `module` must answer if it ran `module`'s own bytes: the echo guest
 /// provisions, the trap guest traps, and the error names the version the call ran on.
-async fn assert_runs_its_own_version(module: &wasm_provisioner::plugin::LoadedModule) {
+async fn assert_runs_its_own_version(module: &wasm_provisioner_runtime::LoadedModule) {
     let answer = module.provision(&request("v")).await;
     match (module.info().name.as_str(), answer) {
         ("test-echo", Ok(Ok(volume))) => assert!(

@@ -23,7 +23,7 @@ impl<'a> ClaimView<'a> {
 
     /// `namespace/name`: how every error and log line names the claim.
     pub fn key(&self) -> String {
-        crate::request::object_key(&self.0.metadata)
+        crate::object::object_key(&self.0.metadata)
     }
 
     /// The name of the PV provisioned for the claim: `pvc-<claim uid>`; none while the
@@ -106,6 +106,6 @@ impl<'a> ClaimView<'a> {
 
     /// Whether the claim carries `finalizer`.
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
-        crate::decide::has_finalizer(&self.0.metadata, finalizer)
+        crate::object::has_finalizer(&self.0.metadata, finalizer)
     }
 }

@@ -21,7 +21,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::claim::ClaimView;
 use crate::names;
-use crate::plugin::bindings::types::PluginInfo;
+use crate::object::has_finalizer;
+use crate::types::PluginInfo;
 
 /// Whether to provision a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -402,11 +403,6 @@ pub fn pv_awaits_binder(pv: &PersistentVolume) -> bool {
             ]
             .contains(&p)
         })
-}
-
-/// Whether an object carries a finalizer.
-pub fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
-    meta.finalizers.iter().flatten().any(|f| f == finalizer)
 }
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {

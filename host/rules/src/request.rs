@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::claim::ClaimView;
 use crate::names;
-use crate::plugin::bindings::types;
 use crate::quantity;
+use crate::types;
 
 /// Why a claim or class cannot be put to a plugin.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,16 +64,6 @@ pub fn provision_request(
         class: class_of(class)?,
         selected_node: node.map(node_of),
     })
-}
-
-/// `namespace/name` of a namespaced object, `name` of a cluster-scoped one: how every
-/// error and log line names it.
-pub fn object_key(meta: &ObjectMeta) -> String {
-    let name = meta.name.as_deref().unwrap_or("<unnamed>");
-    match meta.namespace.as_deref() {
-        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_owned(),
-    }
 }
 
 /// A class's parameters as a plugin sees them: without the host's reserved keys
@@ -671,15 +661,5 @@ pub(crate) mod tests {
             n.labels,
             vec![("kubernetes.io/hostname".to_string(), "worker-1".to_string())]
         );
-    }
-
-    #[test]
-    fn object_keys() {
-        assert_eq!(ClaimView(&claim()).key(), "ns/data");
-        let meta = ObjectMeta {
-            name: Some("pvc-1".into()),
-            ..Default::default()
-        };
-        assert_eq!(object_key(&meta), "pvc-1");
     }
 }

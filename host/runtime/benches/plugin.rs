@@ -13,15 +13,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use wasm_provisioner::plugin::types::{
+use wasm_provisioner_rules::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
 };
-use wasm_provisioner::plugin::{Grants, Runtime, RuntimeConfig};
+use wasm_provisioner_runtime::{Grants, Runtime, RuntimeConfig};
 
 fn guests_dir() -> PathBuf {
     std::env::var_os("WASM_PROVISIONER_GUESTS_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../guests/dist")))
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../guests/dist")))
 }
 
 fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {

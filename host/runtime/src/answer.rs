@@ -1,5 +1,5 @@
 //! Checks of a guest's answer after the call: a bounded size, and a sane `describe`.
-//! (Whether a volume can become a PV, capacity included, is `crate::volume`'s business.)
+//! (Whether a volume can become a PV, capacity included, is `wasm_provisioner_rules::volume`'s business.)
 
 use super::bindings::types::{
     DeleteError, NodeSelectorRequirement, NodeSelectorTerm, PluginInfo, ProvisionError, Volume,
@@ -178,7 +178,7 @@ pub(crate) fn check_info(info: &PluginInfo) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::bindings::types::{HostPathSource, VolumeMode};
+    use crate::bindings::types::{HostPathSource, VolumeMode};
 
     fn volume(path: &str) -> Volume {
         Volume {

@@ -8,7 +8,7 @@
 //! worker thread. The one import, `log`, is synchronous and cannot fail.
 
 wasmtime::component::bindgen!({
-    path: "../wit",
+    path: "../../wit",
     world: "provisioner",
     exports: { default: async },
     additional_derives: [PartialEq],

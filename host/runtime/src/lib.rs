@@ -1,4 +1,5 @@
-//! The plugin runtime: loading, sandboxing and calling guest components.
+//! The plugin runtime: loading, sandboxing and calling guest components. It speaks the
+//! rules' contract types (`wasm_provisioner_rules::types`) and never Kubernetes' API.
 //!
 //! - [`Runtime`] holds the one wasmtime `Engine` and the modules in service, loads and
 //!   swaps versions ([`Runtime::load_file`], [`Runtime::sync_dir`]) and resolves the
@@ -13,41 +14,39 @@
 //!
 //! One module per capability handed to guests: [`log`] (the `log` import, stdout and
 //! stderr), [`http`] (outbound `wasi:http`), the filesystem through preopens in
-//! [`sandbox`], with the links and moves it refuses in [`fs_rules`].
+//! [`sandbox`], with the links and moves it refuses in `sandbox::fs_rules`.
 
 mod answer;
-pub mod bindings;
+mod bindings;
 pub mod cache;
 pub mod compile;
+mod contract;
 pub mod engine;
 pub mod error;
-mod fs_rules;
 pub mod grants;
 mod http;
-pub mod limits;
 mod log;
 pub mod metrics;
 mod module;
 mod module_file;
 pub mod pool;
-mod preopen;
+mod publish;
 pub mod reload;
 mod runtime;
 mod sandbox;
-pub mod volume_grants;
 
-pub use bindings::types;
 pub use compile::{CompileFailure, CompilerConfig};
 pub use error::{Call, CallError, CallTarget, LoadError, ResolveError};
+pub use grants::directories::{GrantDirectoryError, GrantDirectoryProblem};
+pub use grants::limits::{self, Limits};
+pub use grants::volumes::{SourceRefused, VolumeDirectory, VolumeGrants};
 pub use grants::{Grants, GrantsError, ModuleGrants};
-pub use limits::Limits;
 pub use metrics::{Metrics, ModuleCounters};
 pub use module::{LoadedModule, VERSION_DIGITS};
 pub use module_file::DEFAULT_MAX_MODULE_BYTES;
-pub use preopen::{GrantDirectoryError, GrantDirectoryProblem};
+pub use publish::{Unpublishable, publishable_volume};
 pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
 pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError, class_pin};
-pub use volume_grants::{SourceRefused, VolumeDirectory, VolumeGrants};
 
 /// Most characters of a module name.
 pub const MAX_MODULE_NAME: usize = 63;

@@ -13,9 +13,10 @@ use wasmtime::component::ResourceTableError;
 use wasmtime::{Engine, PoolConcurrencyLimitError, Store, Trap};
 
 use super::answer;
-use super::bindings::types::{
+use wasm_provisioner_rules::types::{
     DeleteError, DeleteRequest, PluginInfo, ProvisionError, ProvisionRequest, Volume,
 };
+
 use super::bindings::{Provisioner, ProvisionerPre};
 use super::engine::EpochTicker;
 use super::error::{Call, CallError, CallTarget};
@@ -23,9 +24,11 @@ use super::grants::ModuleGrants;
 use super::limits::{Limits, MAX_LIFT_BYTES};
 use super::metrics::Metrics;
 use super::pool::{CallNeed, VersionShare};
-use super::preopen::ModuleDirectories;
 use super::sandbox::{DeadlineExceeded, GuestState, Sandbox};
-use super::volume_grants::VolumeDirectory;
+use crate::bindings::types as wit;
+use crate::contract::Mirror;
+use crate::grants::directories::ModuleDirectories;
+use crate::grants::volumes::VolumeDirectory;
 
 /// Hex digits of the sha256 used as a module's short version in logs and errors.
 pub const VERSION_DIGITS: usize = 12;
@@ -200,7 +203,7 @@ impl LoadedModule {
             .invoke(Call::Describe, async |p, s| p.call_describe(s).await)
             .await?;
         answer::check_info(&info).map_err(|reason| module.malformed(Call::Describe, reason))?;
-        module.info = info;
+        module.info = info.mirror();
         module.permits = parts.permits;
         // From now on its calls take the module's permits, within its share.
         module.share.described();
@@ -271,7 +274,7 @@ impl LoadedModule {
 
     /// The plugin's veto before `provision`.
     pub async fn should_provision(&self, request: &ProvisionRequest) -> Result<bool, CallError> {
-        let request = request.clone();
+        let request: wit::ProvisionRequest = request.clone().mirror();
         self.invoke(Call::ShouldProvision, async move |p, s| {
             p.call_should_provision(s, &request).await
         })
@@ -284,7 +287,7 @@ impl LoadedModule {
         &self,
         request: &ProvisionRequest,
     ) -> Result<Result<Volume, ProvisionError>, CallError> {
-        let request = request.clone();
+        let request: wit::ProvisionRequest = request.clone().mirror();
         let answer = self
             .invoke(Call::Provision, async move |p, s| {
                 p.call_provision(s, &request).await
@@ -295,12 +298,12 @@ impl LoadedModule {
             Err(error) => answer::check_size(error),
         };
         checked.map_err(|reason| self.malformed(Call::Provision, reason))?;
-        Ok(answer)
+        Ok(answer.map(Mirror::mirror).map_err(Mirror::mirror))
     }
 
     /// The plugin's veto before `delete`.
     pub async fn should_delete(&self, request: &DeleteRequest) -> Result<bool, CallError> {
-        let request = request.clone();
+        let request: wit::DeleteRequest = request.clone().mirror();
         self.invoke(Call::ShouldDelete, async move |p, s| {
             p.call_should_delete(s, &request).await
         })
@@ -312,14 +315,14 @@ impl LoadedModule {
         &self,
         request: &DeleteRequest,
     ) -> Result<Result<(), DeleteError>, CallError> {
-        let request = request.clone();
+        let request: wit::DeleteRequest = request.clone().mirror();
         let answer = self
             .invoke(Call::Delete, async move |p, s| {
                 p.call_delete(s, &request).await
             })
             .await?;
         answer::check_size(&answer).map_err(|reason| self.malformed(Call::Delete, reason))?;
-        Ok(answer)
+        Ok(answer.map_err(Mirror::mirror))
     }
 
     fn target(&self, call: Call) -> CallTarget {

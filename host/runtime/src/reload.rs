@@ -368,12 +368,12 @@ mod tests {
     #[tokio::test]
     async fn grants_naming_a_missing_module_are_reported_at_every_scan() {
         let dir = tempfile::tempdir().unwrap();
-        let grants = crate::plugin::Grants::from_yaml(
+        let grants = crate::Grants::from_yaml(
             "modules: { hostpth: { limits: { timeoutSeconds: 5 } } }",
             "grants.yaml",
         )
         .unwrap();
-        let runtime = Runtime::new(crate::plugin::RuntimeConfig {
+        let runtime = Runtime::new(crate::RuntimeConfig {
             grants,
             ..Default::default()
         })

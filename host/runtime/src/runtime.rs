@@ -21,8 +21,8 @@ use super::metrics::Metrics;
 use super::module::{LoadedModule, ModuleParts, VERSION_DIGITS};
 use super::module_file::{DEFAULT_MAX_MODULE_BYTES, ModuleFileError, read_module_file};
 use super::pool::{CallNeed, PoolShares};
-use super::preopen::{GrantDirectoryError, GrantedDirectories};
 use super::sandbox::{GuestState, linker};
+use crate::grants::directories::{GrantDirectoryError, GrantedDirectories};
 
 /// The `moduleSHA256` pin among a class's parameters. A key differing from it only in
 /// letter case (`moduleSha256`) is an error, not an unpinned class: the admin meant a
@@ -35,7 +35,7 @@ pub fn class_pin<'a>(
     let Some(parameters) = parameters else {
         return Ok(None);
     };
-    let pin = crate::names::PARAM_MODULE_SHA256;
+    let pin = wasm_provisioner_rules::names::PARAM_MODULE_SHA256;
     if let Some(key) = parameters
         .keys()
         .find(|key| key.as_str() != pin && key.eq_ignore_ascii_case(pin))

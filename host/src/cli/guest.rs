@@ -13,14 +13,13 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde::de::DeserializeOwned;
 
-use crate::cli::{GuestDeleteArgs, GuestProvisionArgs, PluginArgs};
-use crate::names;
-use crate::plugin::types::{DeleteError, ProvisionError};
-use crate::plugin::{
-    CallError, Grants, GrantsError, LoadError, LoadedModule, ResolveError, Runtime, RuntimeConfig,
-    RuntimeError,
+use crate::cli::args::{GuestDeleteArgs, GuestProvisionArgs, PluginArgs};
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::types::{DeleteError, ProvisionError};
+use wasm_provisioner_rules::{request, volume};
+use wasm_provisioner_runtime::{
+    CallError, GrantsError, LoadError, LoadedModule, ResolveError, Runtime, RuntimeError,
 };
-use crate::{request, volume};
 
 /// Why an offline call failed. Each says what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +66,7 @@ pub enum GuestCliError {
     Volume(#[from] volume::Error),
     #[error("{error}; {cleanup}")]
     Unpublishable {
-        error: Box<volume::Unpublishable>,
+        error: Box<wasm_provisioner_runtime::Unpublishable>,
         cleanup: String,
     },
     #[error(transparent)]
@@ -113,7 +112,7 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
         parameters.get(names::PARAM_MODULE).map(String::as_str),
         None,
     )?;
-    let pinned = crate::plugin::class_pin(&module_name, Some(&parameters))?;
+    let pinned = wasm_provisioner_runtime::class_pin(&module_name, Some(&parameters))?;
     let module = load(&args.plugins, &module_name, pinned).await?;
 
     let request = request::provision_request(&claim, &class, node.as_ref().map(|n| &n.metadata))?;
@@ -136,7 +135,7 @@ pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliErro
         }
     })?;
     let unpublished = volume::unpublished_delete_request(&request, &volume);
-    match volume::publishable_volume(
+    match wasm_provisioner_runtime::publishable_volume(
         &request,
         &claim,
         &class,
@@ -263,21 +262,10 @@ async fn load(
     name: &str,
     pinned: Option<&str>,
 ) -> Result<std::sync::Arc<LoadedModule>, GuestCliError> {
-    let grants = match &plugins.grants {
-        Some(path) => Grants::load(path)?,
-        None => Grants::none(),
-    };
-    let runtime = Runtime::new(RuntimeConfig {
-        grants,
-        cache_dir: plugins.cache_dir.clone(),
-        guest_log_bytes_per_call: plugins.guest_log_bytes_per_call,
-        max_module_bytes: plugins.max_module_bytes,
-        max_guest_instances: plugins.max_guest_instances,
-        compiler: Some(plugins.compiler()),
-    })?;
+    let runtime = Runtime::new(plugins.runtime_config()?)?;
     let path = plugins.modules.join(format!("{name}.wasm"));
     if !path.is_file() {
-        let available = crate::plugin::reload::module_files(&plugins.modules)
+        let available = wasm_provisioner_runtime::reload::module_files(&plugins.modules)
             .map(|(modules, _)| modules.into_keys().collect::<Vec<_>>().join(", "))
             .unwrap_or_default();
         return Err(GuestCliError::ModuleNotFound {

@@ -48,29 +48,29 @@ pub enum GuestNewError {
     },
 }
 
-const WIT: &str = include_str!("../../wit/provisioner.wit");
-const README: &str = include_str!("../../guests/templates/common/README.md");
-const TEST_SH: &str = include_str!("../../guests/templates/common/test.sh");
-const TEST_CLASS: &str = include_str!("../../guests/templates/common/test/class.yaml");
-const TEST_CLAIM: &str = include_str!("../../guests/templates/common/test/claim.yaml");
+const WIT: &str = include_str!("../../../wit/provisioner.wit");
+const README: &str = include_str!("../../../guests/templates/common/README.md");
+const TEST_SH: &str = include_str!("../../../guests/templates/common/test.sh");
+const TEST_CLASS: &str = include_str!("../../../guests/templates/common/test/class.yaml");
+const TEST_CLAIM: &str = include_str!("../../../guests/templates/common/test/claim.yaml");
 const TEST_CLAIM_TOO_BIG: &str =
-    include_str!("../../guests/templates/common/test/claim-too-big.yaml");
+    include_str!("../../../guests/templates/common/test/claim-too-big.yaml");
 
-const RUST_CARGO: &str = include_str!("../../guests/templates/rust/Cargo.toml");
-const RUST_LIB: &str = include_str!("../../guests/templates/rust/src/lib.rs");
-const RUST_BUILD: &str = include_str!("../../guests/templates/rust/build.sh");
+const RUST_CARGO: &str = include_str!("../../../guests/templates/rust/Cargo.toml");
+const RUST_LIB: &str = include_str!("../../../guests/templates/rust/src/lib.rs");
+const RUST_BUILD: &str = include_str!("../../../guests/templates/rust/build.sh");
 
-const PY_APP: &str = include_str!("../../guests/templates/python/src/app.py");
-const PY_BUILD: &str = include_str!("../../guests/templates/python/build.sh");
-const PY_REQUIREMENTS: &str = include_str!("../../guests/python/requirements.txt");
-const PY_SDK: &str = include_str!("../../guests/python/sdk/wasm_provisioner_sdk.py");
+const PY_APP: &str = include_str!("../../../guests/templates/python/src/app.py");
+const PY_BUILD: &str = include_str!("../../../guests/templates/python/build.sh");
+const PY_REQUIREMENTS: &str = include_str!("../../../guests/python/requirements.txt");
+const PY_SDK: &str = include_str!("../../../guests/python/sdk/wasm_provisioner_sdk.py");
 
-const JS_APP: &str = include_str!("../../guests/templates/js/app.js");
-const JS_BUILD: &str = include_str!("../../guests/templates/js/build.sh");
-const JS_LOCK: &str = include_str!("../../guests/js/package-lock.json");
-const JS_COMPONENTIZE: &str = include_str!("../../guests/js/componentize.mjs");
-const JS_WORLD: &str = include_str!("../../guests/js/world.wit");
-const JS_SDK: &str = include_str!("../../guests/js/sdk/wasm-provisioner-sdk.js");
+const JS_APP: &str = include_str!("../../../guests/templates/js/app.js");
+const JS_BUILD: &str = include_str!("../../../guests/templates/js/build.sh");
+const JS_LOCK: &str = include_str!("../../../guests/js/package-lock.json");
+const JS_COMPONENTIZE: &str = include_str!("../../../guests/js/componentize.mjs");
+const JS_WORLD: &str = include_str!("../../../guests/js/world.wit");
+const JS_SDK: &str = include_str!("../../../guests/js/sdk/wasm-provisioner-sdk.js");
 /// The name of the package in `guests/js/package-lock.json`, replaced by the guest's.
 const JS_LOCK_NAME: &str = "\"name\": \"wasm-provisioner-js-guests\"";
 
@@ -87,7 +87,7 @@ pub fn project_files(
     lang: Lang,
     sdk_path: Option<&Path>,
 ) -> Result<Vec<(&'static str, String, bool)>, GuestNewError> {
-    if !crate::plugin::is_valid_module_name(name)
+    if !wasm_provisioner_runtime::is_valid_module_name(name)
         || !name.starts_with(|c: char| c.is_ascii_lowercase())
     {
         return Err(GuestNewError::BadName {

@@ -30,12 +30,13 @@ use super::finalizers;
 use super::recent::VolumeStage;
 use super::retry::Next;
 use super::shares;
-use crate::decide::{self, DeleteDecision, FinalizerAction};
 use crate::leader::NotLeader;
-use crate::names;
-use crate::plugin::types::DeleteError;
-use crate::plugin::{Call, CallError, LoadedModule};
-use crate::volume;
+use wasm_provisioner_rules::decide::{self, DeleteDecision, FinalizerAction};
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::object;
+use wasm_provisioner_rules::types::DeleteError;
+use wasm_provisioner_rules::volume;
+use wasm_provisioner_runtime::{Call, CallError, LoadedModule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -305,7 +306,7 @@ async fn delete(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
 /// deleted again from the top: the module's delete of a deleted volume succeeds.
 async fn remove_volume(ctx: &Context, pv: &PersistentVolume) -> Result<Action, Error> {
     let volume_name = pv.name_any();
-    let ours = decide::has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION);
+    let ours = object::has_finalizer(&pv.metadata, names::FINALIZER_PV_PROTECTION);
     if ours {
         edit_finalizer(ctx, pv, false).await?;
     }

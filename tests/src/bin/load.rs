@@ -30,7 +30,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use wasm_provisioner::run::{DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, DEFAULT_THREADS};
+use wasm_provisioner::cli::args::{DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, DEFAULT_THREADS};
 use wasm_provisioner_tests::cluster::{admin_config, admin_kubeconfig};
 use wasm_provisioner_tests::cpu::{CpuSample, process_cpu_seconds};
 use wasm_provisioner_tests::fixture::Fixture;

@@ -37,8 +37,8 @@ use rustix::io::Errno;
 use wasmtime_wasi::filesystem::WasiFilesystemCtx;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::grants::{DirectoryGrant, DirectoryMode, Grants};
-use super::volume_grants::VolumeDirectory;
+use super::volumes::VolumeDirectory;
+use super::{DirectoryGrant, DirectoryMode, Grants};
 
 /// Why a granted directory cannot be handed to a module.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -3,7 +3,7 @@
 //! host (its answer, its log).
 //!
 //! Defaults are named constants; an admin overrides them per module (or for every
-//! module) in the grants file (see [`super::grants`]).
+//! module) in the grants file (see [`super`]).
 
 use std::time::Duration;
 

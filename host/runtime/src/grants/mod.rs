@@ -21,6 +21,10 @@
 //!       - { host: "storage-api.example.com:443", scheme: https }
 //! ```
 
+pub mod directories;
+pub mod limits;
+pub mod volumes;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -28,10 +32,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::limits::{
-    Limits, MAX_CONCURRENT_CALLS, MAX_MEMORY_BYTES, MAX_TIMEOUT, MIN_MEMORY_BYTES,
-};
-use super::volume_grants::{VolumeGrants, VolumesFile};
+use self::limits::{Limits, MAX_CONCURRENT_CALLS, MAX_MEMORY_BYTES, MAX_TIMEOUT, MIN_MEMORY_BYTES};
+use self::volumes::{VolumeGrants, VolumesFile};
 
 /// Access a module has to a granted directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -288,7 +290,7 @@ impl GrantsFile {
         let mut modules = BTreeMap::new();
         for (name, module) in self.modules {
             let at = format!("modules.{name}");
-            if !super::is_valid_module_name(&name) {
+            if !crate::is_valid_module_name(&name) {
                 problems.push(format!(
                     "{at}: {name:?} is not a valid module name (lowercase letters, digits and '-', \
                      at most 63 characters, starting and ending with a letter or digit)"
@@ -568,7 +570,7 @@ modules:
         let unlisted = grants.for_module("unlisted");
         assert_eq!(
             unlisted.limits.memory_bytes,
-            crate::plugin::limits::DEFAULT_MEMORY_BYTES
+            crate::limits::DEFAULT_MEMORY_BYTES
         );
         assert!(unlisted.directories.is_empty() && unlisted.http.is_empty());
     }
@@ -806,7 +808,7 @@ modules:
 
     #[test]
     fn the_deployed_grants_file_is_valid_and_grants_what_the_example_classes_publish() {
-        let grants = parse(include_str!("../../../deploy/grants/grants.yaml")).unwrap();
+        let grants = parse(include_str!("../../../../deploy/grants/grants.yaml")).unwrap();
         let hostpath = grants.for_module("hostpath").volumes;
         assert_eq!(
             hostpath.host_path[0].path_prefix,

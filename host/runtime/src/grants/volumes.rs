@@ -49,8 +49,8 @@ use k8s_openapi::api::core::v1::PersistentVolumeSpec;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::grants::DirectoryGrant;
-use crate::volume::SOURCE_KEYS;
+use super::DirectoryGrant;
+use wasm_provisioner_rules::volume::SOURCE_KEYS;
 
 /// hostPath types a grant may allow: the directory kinds. `""` (no check), `File`,
 /// `Socket`, `CharDevice` and `BlockDevice` would let a module hand out node files,
@@ -877,7 +877,7 @@ mod tests {
             .map(|(i, host)| DirectoryGrant {
                 host: host.into(),
                 guest: format!("/d{i}"),
-                mode: super::super::grants::DirectoryMode::ReadWrite,
+                mode: super::super::DirectoryMode::ReadWrite,
             })
             .collect()
     }

@@ -54,15 +54,15 @@ use super::journal::JournalError;
 use super::pool_full;
 use super::retry::Next;
 use super::shares;
-use crate::claim::ClaimView;
-use crate::decide::{self, ProvisionDecision, SkipProvision};
 use crate::leader::NotLeader;
-use crate::names;
-use crate::plugin::types::{
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::decide::{self, ProvisionDecision, SkipProvision};
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::types::{
     DeleteError, DeleteRequest, PluginInfo, ProvisionError, ProvisionRequest, Volume,
 };
-use crate::plugin::{Call, CallError, LoadedModule};
-use crate::{request, volume};
+use wasm_provisioner_rules::{request, volume};
+use wasm_provisioner_runtime::{Call, CallError, LoadedModule};
 
 /// Why one reconcile of a claim did not finish; the error policy turns it into a retry.
 #[derive(Debug, thiserror::Error)]

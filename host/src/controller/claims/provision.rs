@@ -181,7 +181,7 @@ async fn publish(
 ) -> Result<Action, Error> {
     let claim_key = ClaimView(claim).key();
     let unpublished = volume::unpublished_delete_request(request, &volume);
-    let published = volume::publishable_volume(
+    let published = wasm_provisioner_runtime::publishable_volume(
         request,
         claim,
         class,

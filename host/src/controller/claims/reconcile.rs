@@ -243,7 +243,7 @@ pub(super) async fn resolve_module(
             names::PARAM_MODULE
         ),
         Some(module) => {
-            let resolved = crate::plugin::class_pin(module, parameters)
+            let resolved = wasm_provisioner_runtime::class_pin(module, parameters)
                 .and_then(|pinned| ctx.runtime.resolve(module, pinned));
             match resolved {
                 Ok(loaded) => return Ok(loaded),

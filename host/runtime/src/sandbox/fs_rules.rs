@@ -34,8 +34,8 @@ use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::filesystem::Descriptor;
 use wasmtime_wasi::p2::bindings::filesystem::types::{ErrorCode, PathFlags};
 
-use super::preopen::{GrantRoots, file_id};
-use super::sandbox::GuestState;
+use super::GuestState;
+use crate::grants::directories::{GrantRoots, file_id};
 
 /// The WASI filesystem interface version wasmtime-wasi 48 provides (guests importing
 /// any 0.2.x version are matched to it).

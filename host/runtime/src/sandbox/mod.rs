@@ -6,6 +6,8 @@
 //! refused unless granted. Guest stdout/stderr go to the host log. Granted directories
 //! are the handles opened once at start (`preopen`), never paths looked up per call.
 
+mod fs_rules;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,8 +22,8 @@ use super::http::OutboundHttp;
 use super::limits::MemoryLimiter;
 use super::log::{CallTag, GuestLog};
 use super::pool::CallNeed;
-use super::preopen::{GrantRoots, ModuleDirectories};
-use super::volume_grants::VolumeDirectory;
+use crate::grants::directories::{GrantRoots, ModuleDirectories};
+use crate::grants::volumes::VolumeDirectory;
 
 /// The data of a call's `Store`.
 pub(crate) struct GuestState {
@@ -98,7 +100,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     Provisioner::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |state| state)?;
-    super::fs_rules::add_to_linker(&mut linker)?;
+    fs_rules::add_to_linker(&mut linker)?;
     Ok(linker)
 }
 
