@@ -21,13 +21,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, LocalVolumeSource, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeSpec, VolumeNodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
+    PersistentVolumeClaim, VolumeNodeAffinity,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde_json::Value;
 
 use crate::claim::ClaimView;
 use crate::names;
@@ -365,6 +363,10 @@ mod tests {
     use crate::request::provision_request;
     use crate::request::tests::{claim, class, map};
     use k8s_openapi::api::core::v1::SecretReference;
+    use k8s_openapi::api::core::v1::{
+        HostPathVolumeSource, LocalVolumeSource, PersistentVolumeSpec,
+    };
+    use serde_json::Value;
 
     const OURS: &str = names::DEFAULT_PROVISIONER_NAME;
 
