@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use wasm_provisioner_tests::host::Host;
+use wasm_provisioner_tests::host::{Host, free_port, http_get};
 use wasm_provisioner_tests::metrics::{Kind, MetricsEndpoint, Requests, Sample};
 
 /// The `q` quantile (0..=1) of `values` (nearest rank), or 0 when empty.
@@ -555,7 +555,7 @@ impl GoLibrary {
         log_dir: &Path,
         args: &[String],
     ) -> anyhow::Result<GoLibrary> {
-        let metrics_port = wasm_provisioner_tests::host::free_port();
+        let metrics_port = free_port();
         std::fs::create_dir_all(dir)?;
         std::fs::create_dir_all(log_dir)?;
         let log = log_dir.join(format!("go-library-{metrics_port}.log"));
@@ -633,26 +633,6 @@ impl Drop for GoLibrary {
             let _ = self.child.wait();
         }
     }
-}
-
-/// A plain HTTP/1.0 GET of `path` on the loopback `port`: (status code, body).
-fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
 }
 
 #[cfg(test)]
