@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 /// The built host binary in the same `<target>/<profile>` directory as this executable
-/// (a test in `deps/`, or the demo beside it). `bash tests/run.sh` builds it first.
-/// `WASM_PROVISIONER_TEST_HOST_BINARY` names another (a copy of this tree's build, when
-/// the target directory is shared with builds of other trees).
+/// (a test in `deps/`, or the demo or the load benchmark beside it). `bash tests/run.sh`
+/// builds it first. `WASM_PROVISIONER_TEST_HOST_BINARY` names another (a copy of this
+/// tree's build, when the target directory is shared with builds of other trees).
 pub fn binary() -> PathBuf {
     if let Some(binary) = std::env::var_os("WASM_PROVISIONER_TEST_HOST_BINARY") {
         return PathBuf::from(binary);
