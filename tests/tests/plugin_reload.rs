@@ -6,9 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use wasm_provisioner_rules::types::{
-    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
-};
+use wasm_provisioner_rules::types::ProvisionRequest;
 use wasm_provisioner_runtime::{CallError, DirectoryWatcher, Runtime};
 use wasm_provisioner_tests::guests::{self, runtime};
 
@@ -93,32 +91,10 @@ async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The shared sample request, its class parameter `version` (test-echo answers it as
+/// the annotation `echo/version`).
 fn request(version: &str) -> ProvisionRequest {
-    ProvisionRequest {
-        volume_name: "pvc-0b6e3d4e-2222-4c3a-9d7e-000000000002".into(),
-        claim: Claim {
-            name: "data".into(),
-            namespace: "default".into(),
-            uid: "0b6e3d4e-2222-4c3a-9d7e-000000000002".into(),
-            labels: vec![],
-            annotations: vec![],
-            access_modes: vec![AccessMode::ReadWriteOnce],
-            requested_bytes: 1024,
-            limit_bytes: None,
-            volume_mode: VolumeMode::Filesystem,
-            data_source: None,
-            selector: None,
-        },
-        class: Class {
-            name: "test".into(),
-            parameters: vec![("version".into(), version.into())],
-            reclaim_policy: ReclaimPolicy::Delete,
-            mount_options: vec![],
-            allowed_topologies: vec![],
-            binding_mode: BindingMode::Immediate,
-        },
-        selected_node: None,
-    }
+    guests::provision_request(&[("version", version)])
 }
 
 async fn assert_serves(runtime: &Runtime, name: &str) {

@@ -1,4 +1,4 @@
-module github.com/wasm-provisioner/wasm-provisioner/tests/golib
+module github.com/wasm-provisioner/wasm-provisioner/bench/golib
 
 go 1.26.0
 

@@ -1,7 +1,8 @@
-//! The load benchmark's arithmetic and output (`tests/src/bin/load.rs` runs it): the
-//! Prometheus text format of the API server and the host, request counts by verb and
-//! resource, percentiles, the figures table and the bound-claims-over-time plot; and the
-//! Go library's provisioner (`tests/golib`) as a child process, measured as the host is.
+//! The load benchmark's arithmetic and output (`bench/src/bin/load.rs` runs it):
+//! percentiles, the figures table and the bound-claims-over-time plot; and the Go
+//! library's provisioner (`bench/golib`) as a child process, measured as the host is.
+//! The Prometheus text format and the request counts by verb and resource are the
+//! tests' too (`wasm_provisioner_tests::metrics`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,224 +11,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-
-/// One sample of a Prometheus text exposition: name, labels, value.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-/// Every sample of a text exposition (comments and malformed lines skipped).
-pub fn parse_samples(text: &str) -> Vec<Sample> {
-    text.lines().filter_map(parse_line).collect()
-}
-
-fn parse_line(line: &str) -> Option<Sample> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let (name, labels, rest) = match line.find('{') {
-        Some(open) => {
-            let name = &line[..open];
-            let (labels, after) = parse_labels(&line[open + 1..])?;
-            (name, labels, after)
-        }
-        None => {
-            let (name, rest) = line.split_once(' ')?;
-            (name, BTreeMap::new(), rest)
-        }
-    };
-    // a value, then an optional timestamp
-    let value = rest.split_whitespace().next()?.parse().ok()?;
-    Some(Sample {
-        name: name.to_string(),
-        labels,
-        value,
-    })
-}
-
-/// `a="x",b="y"} rest` into the labels and `rest`.
-fn parse_labels(mut text: &str) -> Option<(BTreeMap<String, String>, &str)> {
-    let mut labels = BTreeMap::new();
-    loop {
-        text = text.trim_start_matches([',', ' ']);
-        if let Some(rest) = text.strip_prefix('}') {
-            return Some((labels, rest));
-        }
-        let (key, after) = text.split_once("=\"")?;
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let end = loop {
-            let (index, c) = chars.next()?;
-            match c {
-                '\\' => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    other => value.push(other),
-                },
-                '"' => break index,
-                c => value.push(c),
-            }
-        };
-        labels.insert(key.trim().to_string(), value);
-        text = &after[end + 1..];
-    }
-}
-
-/// A request kind: Kubernetes verb (get, list, create, update, patch, delete, ...) and
-/// resource (`resource` or `resource/subresource`).
-pub type Kind = (String, String);
-
-/// Requests by kind and status code.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Requests(pub BTreeMap<(String, String, String), f64>);
-
-impl Requests {
-    /// The host's (or this benchmark's) own counter,
-    /// `wasm_provisioner_kube_api_requests_total{verb,resource,code}`.
-    pub fn from_client(samples: &[Sample]) -> Requests {
-        Self::collect(
-            samples,
-            "wasm_provisioner_kube_api_requests_total",
-            |labels| {
-                Some((
-                    labels.get("verb")?.clone(),
-                    labels.get("resource")?.clone(),
-                    labels.get("code")?.clone(),
-                ))
-            },
-        )
-    }
-
-    /// The API server's `apiserver_request_total{verb,resource,subresource,code}`, its
-    /// verbs (`POST`, `LIST`, ...) in the client's words (`create`, `list`, ...).
-    pub fn from_apiserver(samples: &[Sample]) -> Requests {
-        Self::collect(samples, "apiserver_request_total", |labels| {
-            let verb = match labels.get("verb")?.as_str() {
-                "POST" => "create",
-                "GET" => "get",
-                "LIST" => "list",
-                "WATCH" | "WATCHLIST" => "watch",
-                "PUT" => "update",
-                "PATCH" => "patch",
-                "APPLY" => "apply",
-                "DELETE" => "delete",
-                "DELETECOLLECTION" => "deletecollection",
-                other => return Some((other.to_lowercase(), String::new(), String::new())),
-            };
-            let resource = labels.get("resource")?;
-            let resource = match labels.get("subresource").map(String::as_str) {
-                Some("") | None => resource.clone(),
-                Some(sub) => format!("{resource}/{sub}"),
-            };
-            Some((verb.to_string(), resource, labels.get("code")?.clone()))
-        })
-    }
-
-    fn collect(
-        samples: &[Sample],
-        name: &str,
-        key: impl Fn(&BTreeMap<String, String>) -> Option<(String, String, String)>,
-    ) -> Requests {
-        let mut requests = Requests::default();
-        for sample in samples.iter().filter(|s| s.name == name) {
-            if let Some(key) = key(&sample.labels) {
-                *requests.0.entry(key).or_default() += sample.value;
-            }
-        }
-        requests
-    }
-
-    /// `self - earlier`, dropping zeros.
-    pub fn since(&self, earlier: &Requests) -> Requests {
-        let mut delta = Requests::default();
-        for (key, value) in &self.0 {
-            let change = value - earlier.0.get(key).copied().unwrap_or(0.0);
-            if change != 0.0 {
-                delta.0.insert(key.clone(), change);
-            }
-        }
-        delta
-    }
-
-    /// `self - other`, floored at zero per key (another client's share removed).
-    pub fn minus(&self, other: &Requests) -> Requests {
-        let mut rest = Requests::default();
-        for (key, value) in &self.0 {
-            let left = value - other.0.get(key).copied().unwrap_or(0.0);
-            if left > 0.0 {
-                rest.0.insert(key.clone(), left);
-            }
-        }
-        rest
-    }
-
-    /// Requests that are neither watches nor non-resource paths.
-    fn counted(&self) -> impl Iterator<Item = (&(String, String, String), &f64)> {
-        self.0
-            .iter()
-            .filter(|((verb, resource, _), _)| verb != "watch" && !resource.is_empty())
-    }
-
-    /// Writes (create, update, patch, apply, delete, deletecollection).
-    pub fn writes(&self) -> f64 {
-        self.counted()
-            .filter(|((verb, _, _), _)| is_write(verb))
-            .map(|(_, v)| v)
-            .sum()
-    }
-
-    /// Writes to `resource` (such as `configmaps`, or `persistentvolumes/status`).
-    pub fn writes_to(&self, resource: &str) -> f64 {
-        self.counted()
-            .filter(|((verb, kind, _), _)| is_write(verb) && kind == resource)
-            .map(|(_, v)| v)
-            .sum()
-    }
-
-    /// Reads (get, list; watches are not counted).
-    pub fn reads(&self) -> f64 {
-        self.counted()
-            .filter(|((verb, _, _), _)| !is_write(verb))
-            .map(|(_, v)| v)
-            .sum()
-    }
-
-    /// Requests answered 409 Conflict.
-    pub fn conflicts(&self) -> f64 {
-        self.counted()
-            .filter(|((_, _, code), _)| code == "409")
-            .map(|(_, v)| v)
-            .sum()
-    }
-
-    /// All counted requests.
-    pub fn total(&self) -> f64 {
-        self.counted().map(|(_, v)| v).sum()
-    }
-
-    /// Counted requests by kind (codes summed), and the 409s of each kind.
-    pub fn by_kind(&self) -> BTreeMap<Kind, (f64, f64)> {
-        let mut kinds: BTreeMap<Kind, (f64, f64)> = BTreeMap::new();
-        for ((verb, resource, code), value) in self.counted() {
-            let entry = kinds.entry((verb.clone(), resource.clone())).or_default();
-            entry.0 += value;
-            if code == "409" {
-                entry.1 += value;
-            }
-        }
-        kinds
-    }
-}
-
-fn is_write(verb: &str) -> bool {
-    matches!(
-        verb,
-        "create" | "update" | "patch" | "apply" | "delete" | "deletecollection"
-    )
-}
+use wasm_provisioner_tests::host::{Host, free_port, http_get};
+use wasm_provisioner_tests::metrics::{Kind, MetricsEndpoint, Requests, Sample};
 
 /// The `q` quantile (0..=1) of `values` (nearest rank), or 0 when empty.
 pub fn quantile(values: &[f64], q: f64) -> f64 {
@@ -696,71 +481,37 @@ pub fn plot(path: &Path, title: &str, runs: &[RunFigures]) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The provisioner's own request count (`wasm_provisioner_kube_api_requests_total`).
-pub fn host_requests<P: Provisioner + ?Sized>(host: &P) -> anyhow::Result<Requests> {
-    Ok(Requests::from_client(&parse_samples(
-        &host.get("/metrics")?.1,
-    )))
-}
-
-/// The provisioner's request count once it stopped moving for `quiet` (a provisioner at
-/// rest makes no request); an error when it keeps moving for 30 such looks and 15
-/// minutes.
-pub async fn settled_requests<P: Provisioner + ?Sized>(
-    host: &P,
-    quiet: std::time::Duration,
-) -> anyhow::Result<Requests> {
-    // Long enough for a storm's Events, which trail the work.
-    let patience = quiet * 30 + std::time::Duration::from_secs(900);
-    let started = std::time::Instant::now();
-    let mut last = host_requests(host)?;
-    while started.elapsed() < patience {
-        tokio::time::sleep(quiet).await;
-        let now = host_requests(host)?;
-        if now == last {
-            return Ok(now);
-        }
-        last = now;
-    }
-    anyhow::bail!("the host's requests never settled: {last:?}")
-}
-
-/// A provisioner process the benchmark measures: the host or the Go library's.
-pub trait Provisioner {
+/// A provisioner process the benchmark measures: the host or the Go library's. Its
+/// metrics endpoint ([`MetricsEndpoint::get`]) serves its request count.
+pub trait Provisioner: MetricsEndpoint {
     /// Its process id (CPU time and memory from `/proc`).
     fn pid(&self) -> u32;
     /// Its name in the CPU table ([`crate::cpu::PROVISIONERS`]).
     fn cpu_name(&self) -> &'static str;
-    /// A plain HTTP GET on its metrics endpoint: (status code, body).
-    fn get(&self, path: &str) -> anyhow::Result<(u16, String)>;
     /// SIGTERM, then wait up to `timeout` for the exit status.
     fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus>;
 }
 
-impl Provisioner for crate::host::Host {
+impl Provisioner for Host {
     fn pid(&self) -> u32 {
-        crate::host::Host::pid(self)
+        Host::pid(self)
     }
 
     fn cpu_name(&self) -> &'static str {
         crate::cpu::HOST
     }
 
-    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        crate::host::Host::get(self, path)
-    }
-
     fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        crate::host::Host::terminate(self, timeout)
+        Host::terminate(self, timeout)
     }
 }
 
-/// The Go library the `go-library` runs measure, as `tests/golib/go.mod` requires it.
+/// The Go library the `go-library` runs measure, as `bench/golib/go.mod` requires it.
 pub const GO_LIBRARY: &str = "sig-storage-lib-external-provisioner v13.1.0";
 
 /// The Go library's provisioner binary: `explicit` (`--go-library`, or
-/// `WASM_PROVISIONER_GO_LIBRARY` as `tests/load.sh` sets it), else built (or found in
-/// its cache) by `tests/golib/build.sh`.
+/// `WASM_PROVISIONER_GO_LIBRARY` as `bench/load.sh` sets it), else built (or found in
+/// its cache) by `bench/golib/build.sh`.
 pub fn go_library_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = explicit {
         anyhow::ensure!(path.is_file(), "no Go library binary at {}", path.display());
@@ -784,7 +535,7 @@ pub fn go_library_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
-/// The Go library's hostpath provisioner (`tests/golib`) running: its flags are those of
+/// The Go library's hostpath provisioner (`bench/golib`) running: its flags are those of
 /// `main.go`. Killed (SIGKILL) when dropped, unless it already exited.
 pub struct GoLibrary {
     child: Child,
@@ -804,7 +555,7 @@ impl GoLibrary {
         log_dir: &Path,
         args: &[String],
     ) -> anyhow::Result<GoLibrary> {
-        let metrics_port = crate::host::free_port();
+        let metrics_port = free_port();
         std::fs::create_dir_all(dir)?;
         std::fs::create_dir_all(log_dir)?;
         let log = log_dir.join(format!("go-library-{metrics_port}.log"));
@@ -843,6 +594,12 @@ impl GoLibrary {
     }
 }
 
+impl MetricsEndpoint for GoLibrary {
+    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.metrics_port, path)
+    }
+}
+
 impl Provisioner for GoLibrary {
     fn pid(&self) -> u32 {
         self.child.id()
@@ -850,10 +607,6 @@ impl Provisioner for GoLibrary {
 
     fn cpu_name(&self) -> &'static str {
         crate::cpu::GO_LIBRARY
-    }
-
-    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        http_get(self.metrics_port, path)
     }
 
     fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
@@ -882,76 +635,14 @@ impl Drop for GoLibrary {
     }
 }
 
-/// A plain HTTP/1.0 GET of `path` on the loopback `port`: (status code, body).
-fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const APISERVER: &str = r#"# HELP apiserver_request_total [STABLE] Counter of apiserver requests
-# TYPE apiserver_request_total counter
-apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="POST",version="v1"} 7
-apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="PATCH",version="v1"} 2
-apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="persistentvolumeclaims",scope="namespace",subresource="status",verb="PUT",version="v1"} 3
-apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="cluster",subresource="",verb="LIST",version="v1"} 1
-apiserver_request_total{code="0",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="cluster",subresource="",verb="WATCH",version="v1"} 4
-process_cpu_seconds_total 12.5
-"#;
-
-    #[test]
-    fn parses_the_api_servers_request_counter() {
-        let samples = parse_samples(APISERVER);
-        assert_eq!(samples.len(), 6);
-        let requests = Requests::from_apiserver(&samples);
-        assert_eq!(requests.writes(), 12.0);
-        assert_eq!(
-            requests.writes_to("persistentvolumes"),
-            9.0,
-            "the POSTs and PATCHes, not the LIST"
-        );
-        assert_eq!(requests.writes_to("persistentvolumeclaims/status"), 3.0);
-        assert_eq!(requests.reads(), 1.0, "watches are not counted");
-        assert_eq!(requests.conflicts(), 2.0);
-        let kinds = requests.by_kind();
-        assert_eq!(
-            kinds[&("update".into(), "persistentvolumeclaims/status".into())],
-            (3.0, 0.0)
-        );
-        assert_eq!(
-            kinds[&("patch".into(), "persistentvolumes".into())],
-            (2.0, 2.0)
-        );
-    }
-
-    #[test]
-    fn label_values_may_hold_escapes_commas_and_braces() {
-        let sample = parse_line(r#"m{a="x,\"y\"}",b="z"} 3 1700000000"#).expect("a sample");
-        assert_eq!(sample.labels["a"], "x,\"y\"}");
-        assert_eq!(sample.labels["b"], "z");
-        assert_eq!(sample.value, 3.0);
-    }
+    use wasm_provisioner_tests::metrics::parse_samples;
 
     #[test]
     fn the_go_librarys_counter_reads_as_the_hosts() {
-        // as tests/golib/main.go renders it
+        // as bench/golib/main.go renders it
         let text = "# TYPE wasm_provisioner_kube_api_requests_total counter\n\
             wasm_provisioner_kube_api_requests_total{code=\"201\",resource=\"persistentvolumes\",verb=\"create\"} 3\n\
             wasm_provisioner_kube_api_requests_total{code=\"200\",resource=\"events\",verb=\"patch\"} 2\n\
@@ -971,27 +662,8 @@ process_cpu_seconds_total 12.5
         let required = format!("sigs.k8s.io/{name}/v13 {version}");
         assert!(
             go_mod.lines().any(|line| line.trim() == required),
-            "tests/golib/go.mod does not require {required}"
+            "bench/golib/go.mod does not require {required}"
         );
-    }
-
-    #[test]
-    fn deltas_and_subtraction() {
-        let key = |v: &str| {
-            (
-                v.to_string(),
-                "persistentvolumes".to_string(),
-                "201".to_string(),
-            )
-        };
-        let before = Requests([(key("create"), 5.0)].into());
-        let after = Requests([(key("create"), 12.0), (key("delete"), 3.0)].into());
-        let delta = after.since(&before);
-        assert_eq!(delta.0[&key("create")], 7.0);
-        let mine = Requests([(key("create"), 10.0)].into());
-        let rest = delta.minus(&mine);
-        assert!(!rest.0.contains_key(&key("create")), "floored at zero");
-        assert_eq!(rest.0[&key("delete")], 3.0);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Where the CPU goes during a load run: the machine's busy time (`/proc/stat`) and each
 //! process's (`/proc/PID/stat`): the embedded control plane's etcd, kube-apiserver and
 //! kube-controller-manager (found by the launcher's command line), the provisioner (the
-//! host, or the Go library's provisioner of `tests/golib`), and the benchmark itself. On two cores the control plane, the host and the benchmark share the
-//! machine, so a run's claims/s follows the CPU every volume costs all of them together.
+//! host, or the Go library's provisioner of `bench/golib`), and the benchmark itself. On
+//! two cores the control plane, the host and the benchmark share the machine, so a run's
+//! claims/s follows the CPU every volume costs all of them together.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -11,7 +12,7 @@ use std::time::Instant;
 pub const COMPONENTS: [&str; 3] = ["etcd", "kube-apiserver", "kube-controller-manager"];
 
 /// The provisioners' names in a sample, each a column of its own: the host, and the Go
-/// library's provisioner (`tests/golib`).
+/// library's provisioner (`bench/golib`).
 pub const PROVISIONERS: [&str; 2] = [HOST, GO_LIBRARY];
 pub const HOST: &str = "host";
 pub const GO_LIBRARY: &str = "go-library";

@@ -1,4 +1,4 @@
-//! The load benchmark (`bash tests/load.sh --claims 500`, see docs/benchmarks.md, "Load
+//! The load benchmark (`bash bench/load.sh --claims 500`, see docs/benchmarks.md, "Load
 //! benchmark"): N claims created at once against a real control plane (the embedded local
 //! one, or the cluster `KUBECONFIG` names), for each run: the time until all are Bound and
 //! until all are deleted, claims/s, latencies, the provisioner's own API requests per
@@ -12,7 +12,7 @@
 //! host's PV finalizer off, as the Go library ships), `go-defaults` (the host at the Go
 //! library's limits: QPS 5, burst 10, 4 workers), `QPS/BURST/THREADS` (such as
 //! `100/200/8`), and the Go library itself (sig-storage-lib-external-provisioner,
-//! `tests/golib`) in `go-library` (client limits off), `go-library-finalizer` (the same
+//! `bench/golib`) in `go-library` (client limits off), `go-library-finalizer` (the same
 //! with its AddFinalizer on, as the host's PV finalizer) and `go-library-defaults` (its
 //! defaults). Every host run uses the `hostpath` guest and the Go library's provisioner
 //! is a hostpath one, so each volume is a real directory made and removed.
@@ -31,13 +31,12 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use wasm_provisioner::cli::args::{DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, DEFAULT_THREADS};
+use wasm_provisioner_bench::cpu::{CpuSample, process_cpu_seconds};
+use wasm_provisioner_bench::load::{self, GO_LIBRARY, GoLibrary, Provisioner, RunFigures};
 use wasm_provisioner_tests::cluster::{admin_config, admin_kubeconfig};
-use wasm_provisioner_tests::cpu::{CpuSample, process_cpu_seconds};
 use wasm_provisioner_tests::fixture::Fixture;
 use wasm_provisioner_tests::host::{Host, HostConfig, proc_status_bytes};
-use wasm_provisioner_tests::load::{
-    self, GO_LIBRARY, GoLibrary, Provisioner, Requests, RunFigures, parse_samples,
-};
+use wasm_provisioner_tests::metrics::{self, Requests, parse_samples};
 
 #[derive(Debug, Parser)]
 #[command(about = "Provisioning load benchmark against a real control plane")]
@@ -67,8 +66,8 @@ struct Args {
     #[arg(long)]
     threads: Option<u16>,
 
-    /// The Go library's provisioner binary (`bash tests/golib/build.sh` prints it;
-    /// `tests/load.sh` sets it); default: built by that script when a go-library run is
+    /// The Go library's provisioner binary (`bash bench/golib/build.sh` prints it;
+    /// `bench/load.sh` sets it); default: built by that script when a go-library run is
     /// asked for.
     #[arg(long, env = "WASM_PROVISIONER_GO_LIBRARY")]
     go_library: Option<PathBuf>,
@@ -101,7 +100,7 @@ enum Kind {
     Ceiling,
     /// The host, with these flags.
     Host(Vec<String>),
-    /// The Go library's provisioner (`tests/golib`), with these flags.
+    /// The Go library's provisioner (`bench/golib`), with these flags.
     GoLibrary(Vec<String>),
 }
 
@@ -124,7 +123,7 @@ impl RunSpec {
                 format!("--threads={threads}"),
             ]
         };
-        // The Go library's flags (tests/golib/main.go): a QPS of 0 or less is no limit.
+        // The Go library's flags (bench/golib/main.go): a QPS of 0 or less is no limit.
         let limits_go = |qps: i32, burst: u32, threads: u16| {
             vec![
                 format!("--kube-api-qps={qps}"),
@@ -391,7 +390,7 @@ async fn run(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watches = watch(client, &namespace, seen.clone()).await?;
 
-    let mut host_before = host.as_deref().map(load::host_requests).transpose()?;
+    let mut host_before = host.as_deref().map(metrics::host_requests).transpose()?;
     let mut cpu_before = host.as_deref().and_then(|h| process_cpu_seconds(h.pid()));
     let server_before = apiserver_requests(client).await?;
     let own_before = own_requests();
@@ -453,7 +452,7 @@ async fn run(
         let spawned = Instant::now();
         let started_host = Host::start(config)?;
         let ready_s = spawned.elapsed().as_secs_f64();
-        let requests = load::settled_requests(&started_host, Duration::from_secs(1)).await?;
+        let requests = metrics::settled_requests(&started_host, Duration::from_secs(1)).await?;
         start = Some(load::StartFigures {
             ready_s,
             requests: requests.clone(),
@@ -471,7 +470,7 @@ async fn run(
     // exists, a moment before the provisioner's last edit of it, so wait until its
     // count stops moving.
     let own_provisioning = match (&host, &host_before) {
-        (Some(host), Some(before)) => load::settled_requests(&**host, Duration::from_secs(1))
+        (Some(host), Some(before)) => metrics::settled_requests(&**host, Duration::from_secs(1))
             .await?
             .since(before),
         _ => own_requests().since(&own_before),
