@@ -48,6 +48,20 @@ pub enum Error {
     UnknownBindingMode { class: String, value: String },
 }
 
+impl Error {
+    /// The metric label of this error: one per kind, bounded.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::MissingUid { .. } => "missing_uid",
+            Error::UnknownAccessMode { .. } => "unknown_access_mode",
+            Error::UnknownVolumeMode { .. } => "unknown_volume_mode",
+            Error::Size { .. } => "invalid_size",
+            Error::UnknownReclaimPolicy { .. } => "unknown_reclaim_policy",
+            Error::UnknownBindingMode { .. } => "unknown_binding_mode",
+        }
+    }
+}
+
 /// Builds the request a plugin's `should-provision` and `provision` receive.
 pub fn provision_request(
     claim: &PersistentVolumeClaim,

@@ -234,6 +234,22 @@ pub enum LoadError {
 }
 
 impl LoadError {
+    /// The metric label of this error: one per kind, bounded.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            LoadError::Read { .. } => "read",
+            LoadError::TooLarge { .. } => "too_large",
+            LoadError::Compile { .. } => "compile",
+            LoadError::CompileChild { .. } => "compile_child",
+            LoadError::World { .. } => "world",
+            LoadError::Describe { .. } => "describe",
+            LoadError::InvalidName { .. } => "invalid_name",
+            LoadError::PoolShare { .. } => "pool_share",
+        }
+    }
+}
+
+impl LoadError {
     /// The module the failed load was for.
     pub fn module(&self) -> &str {
         match self {
@@ -312,6 +328,20 @@ pub enum ResolveError {
          the class is not provisioned until it is spelled moduleSHA256 (or removed)"
     )]
     MisspelledPin { module: String, key: String },
+}
+
+impl ResolveError {
+    /// The metric label of this error: one per kind, bounded.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ResolveError::NotLoaded { .. } => "module_not_loaded",
+            ResolveError::Loading { .. } => "module_loading",
+            ResolveError::Refused { .. } => "module_refused",
+            ResolveError::PinMismatch { .. } => "pin_mismatch",
+            ResolveError::InvalidPin { .. } => "invalid_pin",
+            ResolveError::MisspelledPin { .. } => "misspelled_pin",
+        }
+    }
 }
 
 impl ResolveError {

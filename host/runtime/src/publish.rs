@@ -21,6 +21,16 @@ pub enum Unpublishable {
     Refused(#[from] SourceRefused),
 }
 
+impl Unpublishable {
+    /// The metric label of this error: one per kind, bounded.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Unpublishable::Invalid { .. } => "invalid_volume",
+            Unpublishable::Refused(_) => "source_not_granted",
+        }
+    }
+}
+
 /// The PV for `module`'s answer `volume`, if it may be published: valid as a PV
 /// ([`persistent_volume`]) and with a volume source the module's volume grants allow;
 /// the module version is recorded on it. The controller and the offline runner both

@@ -167,6 +167,31 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The metric label of this error: one per kind, bounded.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::CapacityTooSmall { .. } => "capacity_too_small",
+            Error::CapacityTooLarge { .. } => "capacity_too_large",
+            Error::VolumeModeMismatch { .. } => "volume_mode_mismatch",
+            Error::ReservedKey { .. } => "reserved_key",
+            Error::InvalidKey { .. } => "invalid_key",
+            Error::InvalidLabelValue { .. } => "invalid_label_value",
+            Error::InvalidNodeAffinity { .. } => "invalid_node_affinity",
+            Error::LocalWithoutNodeAffinity { .. } => "local_without_node_affinity",
+            Error::JsonSyntax { .. } => "json_syntax",
+            Error::JsonKeyCount { .. } => "json_key_count",
+            Error::JsonUnknownSource { .. } => "json_unknown_source",
+            Error::JsonInvalid { .. } => "json_invalid",
+            Error::JsonUnknownField { .. } => "json_unknown_field",
+            Error::JsonMissingField { .. } => "json_missing_field",
+            Error::NoSource { .. } => "no_source",
+            Error::SeveralSources { .. } => "several_sources",
+            Error::Capacity { .. } => "invalid_capacity",
+        }
+    }
+}
+
 /// The PV publishing `volume`, which a plugin made for `req` (built from `claim` and
 /// `class`): named `req.volume-name`, bound to the claim by claimRef, annotated with
 /// `provisioned-by: provisioner_name` and the class's module, with the class's reclaim
