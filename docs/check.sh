@@ -6,10 +6,13 @@
 #
 # A backticked word is a repository path when it starts with a top-level entry of the
 # repository (`host/...`, `tests/...`, `.ci/run`, `Cargo.toml`, ...); paths relative to a
-# folder named nearby (`src/plugin/`) and node paths (`/var/lib/...`) are not checked. A
+# folder named nearby (`runtime/src/`) and node paths (`/var/lib/...`) are not checked. A
 # word with `*` must match at least one file; `{a,b}` is expanded. Build outputs that a
 # fresh clone does not have (guests/dist/, deploy/modules/*.wasm, target/) are skipped.
 # Fenced code blocks are not read.
+#
+# And a block marked as a copy of a file (the README's figures, from
+# bench/results/figures.md) must equal that file.
 #
 # Prints FILE:LINE: what is missing, for each, and exits 1 if anything is.
 #   bash docs/check.sh
@@ -123,6 +126,19 @@ for doc in README.md docs/*.md; do
         fail "$doc" "$line" "link ($target): no heading #$anchor in $file"
     fi
   done < <(grep -no '](\([^)]*\))' <<<"$body" || true)
+done
+
+# A block between `<!-- copy of FILE -->` and `<!-- end of copy -->` must be FILE's
+# content (its first line, a comment saying so, left out): figures are written once.
+for doc in README.md docs/*.md; do
+  while IFS=: read -r line source; do
+    copy=$(awk -v start="$line" 'NR > start && /^<!-- end of copy -->$/ { exit } NR > start' "$doc")
+    if [ ! -f "$source" ]; then
+      fail "$doc" "$line" "copy of $source: no such file"
+    elif [ "$copy" != "$(tail -n +2 "$source")" ]; then
+      fail "$doc" "$line" "the copy of $source differs from it: copy the file again"
+    fi
+  done < <(grep -n '^<!-- copy of .* -->$' "$doc" | sed -E 's/^([0-9]+):<!-- copy of (.*) -->$/\1:\2/')
 done
 
 if [ "$failed" != 0 ]; then

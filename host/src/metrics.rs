@@ -8,9 +8,9 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::names;
-use crate::plugin::Runtime;
-use crate::plugin::engine::Allocator;
+use wasm_provisioner_rules::names;
+use wasm_provisioner_runtime::Runtime;
+use wasm_provisioner_runtime::engine::Allocator;
 
 /// The plugin runtime's counters as Prometheus counters, copied at each scrape.
 struct RuntimeCollector {
@@ -486,8 +486,10 @@ mod tests {
     #[tokio::test]
     async fn compile_counters_are_exported_even_before_any_load() {
         let metrics = Metrics::new();
-        let runtime =
-            crate::plugin::Runtime::new(crate::plugin::RuntimeConfig::default()).expect("runtime");
+        let runtime = wasm_provisioner_runtime::Runtime::new(
+            wasm_provisioner_runtime::RuntimeConfig::default(),
+        )
+        .expect("runtime");
         metrics.register_runtime(runtime);
         let text = metrics.render();
         for line in [

@@ -14,12 +14,12 @@ use common::dist_dir;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use wasm_provisioner::plugin::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL;
-use wasm_provisioner::plugin::types::{
+use wasm_provisioner_rules::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionError, ProvisionRequest, ReclaimPolicy,
     VolumeMode,
 };
-use wasm_provisioner::plugin::{Grants, Runtime, RuntimeConfig};
+use wasm_provisioner_runtime::limits::DEFAULT_GUEST_LOG_BYTES_PER_CALL;
+use wasm_provisioner_runtime::{Grants, Runtime, RuntimeConfig};
 
 /// What the guest logs through the import by default: 40 MiB (+ 1 MiB of stdout).
 const FLOOD_BYTES: u64 = 41_943_040;

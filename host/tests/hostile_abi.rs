@@ -13,8 +13,9 @@
 //!   its memory image) to find them in the next call, whose pooled slots it reuses.
 //!
 //! Each hostile component is a core module written in WAT, implementing the
-//! `provisioner` world's exports by hand at the canonical-ABI level, and wrapped into a
-//! component with `wit-component` against the repository's `wit/` (the same world the
+//! `provisioner` world's exports by hand at the canonical-ABI level (on the skeleton
+//! `common::core_module`, which `pool_share.rs`'s slot hog uses too), and wrapped into
+//! a component with `wit-component` against the repository's `wit/` (the same world the
 //! host links). Rust guests (wit-bindgen) can neither grow tables nor alias list
 //! elements, which is why these are not crates under `guests/testing/`.
 //!
@@ -25,10 +26,8 @@ mod common;
 
 use std::sync::Arc;
 
-use wasm_provisioner::plugin::types::{
-    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
-};
-use wasm_provisioner::plugin::{CallError, Grants, LoadedModule, Runtime, RuntimeConfig};
+use wasm_provisioner_rules::types::ProvisionRequest;
+use wasm_provisioner_runtime::{CallError, Grants, LoadedModule, Runtime, RuntimeConfig};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -42,38 +41,6 @@ const ALIASED_LABELS: usize = 50;
 
 /// RSS tests measure the whole process: one at a time.
 static RSS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The canonical-ABI parts every hostile module shares: memory, a bump `cabi_realloc`
-/// (the host lowers requests through it), a valid `describe` answer and harmless
-/// `should-provision`, `should-delete` and `delete`.
-fn core_module(name: &str, memory_pages: u32, extra: &str) -> String {
-    assert!(name.len() < 16, "the name must fit its data slot");
-    format!(
-        r#"(module
-  (memory (export "memory") {memory_pages})
-  (global $bump (mut i32) (i32.const 4096))
-  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
-    (local $p i32)
-    (local.set $p (i32.and
-      (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
-      (i32.sub (i32.const 0) (local.get 2))))
-    (global.set $bump (i32.add (local.get $p) (local.get 3)))
-    (if (i32.gt_u (global.get $bump) (i32.const 65536)) (then unreachable))
-    (local.get $p))
-  ;; plugin-info at 64: name (16, len), version (32, 1), supports-block 0, no kinds.
-  (data (i32.const 16) "{name}")
-  (data (i32.const 32) "1")
-  (data (i32.const 64) "\10\00\00\00\{len:02x}\00\00\00\20\00\00\00\01\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00")
-  (func (export "describe") (result i32) (i32.const 64))
-  (func (export "should-provision") (param i32) (result i32) (i32.const 1))
-  (func (export "should-delete") (param i32) (result i32) (i32.const 1))
-  ;; result<_, delete-error> at 128: all zero, ok.
-  (func (export "delete") (param i32) (result i32) (i32.const 128))
-{extra}
-)"#,
-        len = name.len(),
-    )
-}
 
 /// `provision` grows [`BOMB_TABLES`] tables by a million elements each (initialised, so
 /// the host really writes them), then traps; a refused growth (`table.grow` answering
@@ -90,7 +57,7 @@ fn table_bomb() -> String {
         ));
     }
     extra.push_str("    unreachable)\n");
-    core_module("test-table-bomb", 2, &extra)
+    common::core_module("test-table-bomb", 2, &extra)
 }
 
 /// `provision` answers `result<volume, provision-error>` = ok, a hostPath volume whose
@@ -128,7 +95,7 @@ fn alias_bomb() -> String {
 "#
     );
     // 3 MiB: the request area, the entries and the 1 MiB string from 1 MiB.
-    core_module("test-alias-bomb", 48, &extra)
+    common::core_module("test-alias-bomb", 48, &extra)
 }
 
 /// `should-provision` answers yes only in a pristine instance, then leaves its mark in
@@ -149,7 +116,7 @@ fn state_carrier() -> String {
     (i32.store8 (i32.const 60000) (i32.const 1))
     (i32.store8 (i32.const 16) (i32.const 88))
     (local.get $pristine))"#;
-    let module = core_module(
+    let module = common::core_module(
         "test-fresh",
         2,
         "  (func (export \"provision\") (param i32) (result i32) unreachable)\n",
@@ -174,31 +141,7 @@ async fn load(grants_yaml: &str, name: &str, wat: &str) -> (Runtime, Arc<LoadedM
 }
 
 fn request() -> ProvisionRequest {
-    ProvisionRequest {
-        volume_name: "pvc-0b6e3d4e-1111-4c3a-9d7e-000000000009".into(),
-        claim: Claim {
-            name: "data".into(),
-            namespace: "default".into(),
-            uid: "0b6e3d4e-1111-4c3a-9d7e-000000000009".into(),
-            labels: vec![],
-            annotations: vec![],
-            access_modes: vec![AccessMode::ReadWriteOnce],
-            requested_bytes: MIB,
-            limit_bytes: None,
-            volume_mode: VolumeMode::Filesystem,
-            data_source: None,
-            selector: None,
-        },
-        class: Class {
-            name: "hostile".into(),
-            parameters: vec![],
-            reclaim_policy: ReclaimPolicy::Delete,
-            mount_options: vec![],
-            allowed_topologies: vec![],
-            binding_mode: BindingMode::Immediate,
-        },
-        selected_node: None,
-    }
+    common::provision_request("hostile")
 }
 
 /// A `/proc/self/status` field in bytes (`VmHWM`, `VmRSS`).
@@ -264,7 +207,7 @@ async fn aliased_answer_is_stopped_while_lifting() {
         error.metric_label()
     );
     let message = error.to_string();
-    let bound = wasm_provisioner::plugin::limits::MAX_LIFT_BYTES.to_string();
+    let bound = wasm_provisioner_runtime::limits::MAX_LIFT_BYTES.to_string();
     for part in [
         "module alias",
         "`provision`",

@@ -4,19 +4,18 @@
 //! them at once and, without a bound on each module's share, the pool is full and every
 //! other module's call fails as busy.
 //!
-//! The hostile component is a core module in WAT, wrapped into a `provisioner`
-//! component against the repository's WIT, like `hostile_abi.rs`'s (a Rust guest
-//! cannot define tables). The normal module is the shipped `hostpath` guest.
+//! The hostile component is a core module in WAT (on the skeleton `hostile_abi.rs`'s
+//! modules share, `common::core_module`), wrapped into a `provisioner` component against
+//! the repository's WIT (a Rust guest cannot define tables). The normal module is the
+//! shipped `hostpath` guest.
 
 mod common;
 
 use std::time::Duration;
 
-use wasm_provisioner::plugin::pool::CallNeed;
-use wasm_provisioner::plugin::types::{
-    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
-};
-use wasm_provisioner::plugin::{CallError, Grants, LoadError, Runtime, RuntimeConfig};
+use wasm_provisioner_rules::types::ProvisionRequest;
+use wasm_provisioner_runtime::pool::CallNeed;
+use wasm_provisioner_runtime::{CallError, Grants, LoadError, Runtime, RuntimeConfig};
 
 /// The hostile component: its main module implements the world (1 memory), and it
 /// instantiates [`HOG_INSTANCES`] times a core module defining [`HOG_TABLES`] tables
@@ -30,28 +29,11 @@ const HOG_MEMORIES: usize = 21;
 /// The main module: implements the world; its `provision` spins until its timeout
 /// (holding its instance, and so its slots, as long as it may).
 fn main_module() -> String {
-    r#"(module
-  (memory (export "memory") 2)
-  (global $bump (mut i32) (i32.const 4096))
-  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
-    (local $p i32)
-    (local.set $p (i32.and
-      (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
-      (i32.sub (i32.const 0) (local.get 2))))
-    (global.set $bump (i32.add (local.get $p) (local.get 3)))
-    (if (i32.gt_u (global.get $bump) (i32.const 65536)) (then unreachable))
-    (local.get $p))
-  ;; plugin-info at 64: name (16, len 13), version (32, 1), supports-block 0, no kinds.
-  (data (i32.const 16) "test-slot-hog")
-  (data (i32.const 32) "1")
-  (data (i32.const 64) "\10\00\00\00\0d\00\00\00\20\00\00\00\01\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00")
-  (func (export "describe") (result i32) (i32.const 64))
-  (func (export "should-provision") (param i32) (result i32) (i32.const 1))
-  (func (export "should-delete") (param i32) (result i32) (i32.const 1))
-  (func (export "delete") (param i32) (result i32) (i32.const 128))
-  (func (export "provision") (param i32) (result i32) (loop $spin (br $spin)) unreachable)
-)"#
-    .to_string()
+    common::core_module(
+        "test-slot-hog",
+        2,
+        "  (func (export \"provision\") (param i32) (result i32) (loop $spin (br $spin)) unreachable)\n",
+    )
 }
 
 /// The provisioner component of [`main_module`], plus [`HOG_INSTANCES`] instances of a
@@ -148,31 +130,7 @@ fn hostpath() -> Vec<u8> {
 }
 
 fn request() -> ProvisionRequest {
-    ProvisionRequest {
-        volume_name: "pvc-0b6e3d4e-1111-4c3a-9d7e-00000000000a".into(),
-        claim: Claim {
-            name: "data".into(),
-            namespace: "default".into(),
-            uid: "0b6e3d4e-1111-4c3a-9d7e-00000000000a".into(),
-            labels: vec![],
-            annotations: vec![],
-            access_modes: vec![AccessMode::ReadWriteOnce],
-            requested_bytes: 1 << 20,
-            limit_bytes: None,
-            volume_mode: VolumeMode::Filesystem,
-            data_source: None,
-            selector: None,
-        },
-        class: Class {
-            name: "pool".into(),
-            parameters: vec![],
-            reclaim_policy: ReclaimPolicy::Delete,
-            mount_options: vec![],
-            allowed_topologies: vec![],
-            binding_mode: BindingMode::Immediate,
-        },
-        selected_node: None,
-    }
+    common::provision_request("pool")
 }
 
 /// Starts `calls` spinning `provision` calls of module `name` and waits until they

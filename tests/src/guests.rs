@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use wasm_provisioner::plugin::types::{
+use wasm_provisioner_rules::types::{
     AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
 };
-use wasm_provisioner::plugin::{Grants, LoadedModule, Runtime, RuntimeConfig};
+use wasm_provisioner_runtime::{Grants, LoadedModule, Runtime, RuntimeConfig};
 
 /// The repository root (this crate lives in `<root>/tests`).
 fn repo_root() -> PathBuf {

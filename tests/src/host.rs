@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 /// The built host binary in the same `<target>/<profile>` directory as this executable
-/// (a test in `deps/`, or the demo beside it). `bash tests/run.sh` builds it first.
-/// `WASM_PROVISIONER_TEST_HOST_BINARY` names another (a copy of this tree's build, when
-/// the target directory is shared with builds of other trees).
+/// (a test in `deps/`, or the demo or the load benchmark beside it). `bash tests/run.sh`
+/// builds it first. `WASM_PROVISIONER_TEST_HOST_BINARY` names another (a copy of this
+/// tree's build, when the target directory is shared with builds of other trees).
 pub fn binary() -> PathBuf {
     if let Some(binary) = std::env::var_os("WASM_PROVISIONER_TEST_HOST_BINARY") {
         return PathBuf::from(binary);
@@ -42,6 +42,26 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// A plain HTTP/1.0 GET of `path` on the loopback `port`: (status code, body).
+pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
 }
 
 /// A running host. Killed (SIGKILL) when dropped, unless it already exited.
@@ -172,22 +192,7 @@ impl Host {
 
     /// A plain HTTP GET on the metrics endpoint: (status code, body).
     pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        let code = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, body))
+        http_get(self.metrics_port, path)
     }
 
     /// The value of one sample of the Prometheus text exposition, such as

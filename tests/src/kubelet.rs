@@ -487,22 +487,7 @@ impl Pod {
 
     /// GET of `path` on the loopback `port`: (status, body).
     pub fn get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        let code = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, body))
+        crate::host::http_get(port, path)
     }
 
     /// Probes like kubelet: the probe's `httpGet` path on its port, 200..400 is success.

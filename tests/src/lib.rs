@@ -2,7 +2,6 @@
 //!
 //! - [`access`]: a host that runs with exactly the RBAC of `deploy/rbac.yaml` (or less).
 //! - [`bomb`]: a compile bomb, a small component that is slow and big to compile.
-//! - [`cpu`]: where a load run's CPU goes (the machine, the control plane, the host).
 //! - [`cluster`]: a real control plane (etcd, kube-apiserver, kube-controller-manager),
 //!   admin and ServiceAccount clients, a fresh namespace per test.
 //! - [`guests`]: the guest components built from `guests/`.
@@ -12,19 +11,19 @@
 //! - [`install`]: the install artefacts of `deploy/`: pinned tools, the chart, the
 //!   kustomize base, the image tarball, server-side apply.
 //! - [`kubelet`]: a rendered Deployment run from the image as kubelet would run it.
-//! - [`load`]: the load benchmark's figures, table and plot (`src/bin/load.rs`).
+//! - [`metrics`]: the Prometheus text format and API request counts (the host's, the
+//!   API server's), for the tests and the load benchmark (`bench/`).
 //! - [`promql`]: the alert rules' and the dashboard's PromQL checked against the
 //!   metrics a real host exports.
 
 pub mod access;
 pub mod bomb;
 pub mod cluster;
-pub mod cpu;
 pub mod fixture;
 pub mod guests;
 pub mod host;
 pub mod install;
 pub mod kubeconfig;
 pub mod kubelet;
-pub mod load;
+pub mod metrics;
 pub mod promql;

@@ -30,7 +30,7 @@ pub const TARGET_LABELS: [&str; 7] = [
 /// The sample names and label names of a Prometheus text exposition.
 pub fn exported(exposition: &str) -> Exported {
     let mut exported = Exported::new();
-    for sample in crate::load::parse_samples(exposition) {
+    for sample in crate::metrics::parse_samples(exposition) {
         exported
             .entry(sample.name)
             .or_default()

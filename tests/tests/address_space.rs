@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use wasm_provisioner::plugin::engine::Allocator;
-use wasm_provisioner::plugin::{Grants, Runtime, RuntimeConfig};
+use wasm_provisioner_runtime::engine::Allocator;
+use wasm_provisioner_runtime::{Grants, Runtime, RuntimeConfig};
 use wasm_provisioner_tests::guests::{self, load};
 
 /// 8 GiB: room for 32 calls of 128 MiB memories (4 GiB), not for 32 of the 4 GiB

@@ -22,7 +22,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 use wasm_provisioner_tests::cluster::{wait_for, wait_for_every};
 use wasm_provisioner_tests::fixture::{Fixture, WAIT};
-use wasm_provisioner_tests::load::{host_requests, settled_requests};
+use wasm_provisioner_tests::metrics::{host_requests, settled_requests};
 
 #[tokio::test]
 async fn a_volume_costs_under_five_writes_and_no_claim_write_and_its_deletion_two()

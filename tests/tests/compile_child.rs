@@ -1,4 +1,4 @@
-//! Modules compiled in a child process of the host binary (`plugin::compile`): the
+//! Modules compiled in a child process of the host binary (`compile`): the
 //! child's code is what the runtime's engine accepts (pooled and on-demand engines,
 //! straight from the child and through the cache), and a compile bomb is stopped at the
 //! child's memory limit or its timeout, refused once and not compiled again, while
@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use wasm_provisioner::plugin::compile::DEFAULT_COMPILE_MEMORY_BYTES;
-use wasm_provisioner::plugin::{
+use wasm_provisioner_runtime::compile::DEFAULT_COMPILE_MEMORY_BYTES;
+use wasm_provisioner_runtime::{
     CompilerConfig, LoadError, LoadOutcome, ResolveError, Runtime, RuntimeConfig,
 };
 use wasm_provisioner_tests::{bomb, guests, host};

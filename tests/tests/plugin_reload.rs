@@ -6,10 +6,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use wasm_provisioner::plugin::types::{
-    AccessMode, BindingMode, Claim, Class, ProvisionRequest, ReclaimPolicy, VolumeMode,
-};
-use wasm_provisioner::plugin::{CallError, DirectoryWatcher, Runtime};
+use wasm_provisioner_rules::types::ProvisionRequest;
+use wasm_provisioner_runtime::{CallError, DirectoryWatcher, Runtime};
 use wasm_provisioner_tests::guests::{self, runtime};
 
 /// How long a change may take to be served: the debounce plus a compile, with room
@@ -93,32 +91,10 @@ async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The shared sample request, its class parameter `version` (test-echo answers it as
+/// the annotation `echo/version`).
 fn request(version: &str) -> ProvisionRequest {
-    ProvisionRequest {
-        volume_name: "pvc-0b6e3d4e-2222-4c3a-9d7e-000000000002".into(),
-        claim: Claim {
-            name: "data".into(),
-            namespace: "default".into(),
-            uid: "0b6e3d4e-2222-4c3a-9d7e-000000000002".into(),
-            labels: vec![],
-            annotations: vec![],
-            access_modes: vec![AccessMode::ReadWriteOnce],
-            requested_bytes: 1024,
-            limit_bytes: None,
-            volume_mode: VolumeMode::Filesystem,
-            data_source: None,
-            selector: None,
-        },
-        class: Class {
-            name: "test".into(),
-            parameters: vec![("version".into(), version.into())],
-            reclaim_policy: ReclaimPolicy::Delete,
-            mount_options: vec![],
-            allowed_topologies: vec![],
-            binding_mode: BindingMode::Immediate,
-        },
-        selected_node: None,
-    }
+    guests::provision_request(&[("version", version)])
 }
 
 async fn assert_serves(runtime: &Runtime, name: &str) {
@@ -277,7 +253,7 @@ async fn plain_directory_with_copies_reloads_too() {
 
 /// What a call on `module` must answer if it ran `module`'s own bytes: the echo guest
 /// provisions, the trap guest traps, and the error names the version the call ran on.
-async fn assert_runs_its_own_version(module: &wasm_provisioner::plugin::LoadedModule) {
+async fn assert_runs_its_own_version(module: &wasm_provisioner_runtime::LoadedModule) {
     let answer = module.provision(&request("v")).await;
     match (module.info().name.as_str(), answer) {
         ("test-echo", Ok(Ok(volume))) => assert!(

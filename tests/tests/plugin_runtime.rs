@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use wasm_provisioner::plugin::types::{
+use wasm_provisioner_rules::types::{
     DeleteRequest, ProvisionError, ProvisionRequest, PublishedVolume, Volume, VolumeSource,
 };
-use wasm_provisioner::plugin::{
+use wasm_provisioner_runtime::{
     CallError, Grants, LoadError, LoadOutcome, LoadedModule, ResolveError, Runtime, RuntimeConfig,
 };
 use wasm_provisioner_tests::guests::{self, load, runtime};

@@ -7,8 +7,8 @@
 use std::os::unix::fs::{PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
-use wasm_provisioner::plugin::types::{ProvisionRequest, Volume};
-use wasm_provisioner::plugin::{
+use wasm_provisioner_rules::types::{ProvisionRequest, Volume};
+use wasm_provisioner_runtime::{
     Grants, LoadError, LoadOutcome, LoadedModule, Runtime, RuntimeConfig, RuntimeError,
 };
 use wasm_provisioner_tests::guests::{self, load, runtime};

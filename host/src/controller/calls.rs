@@ -4,8 +4,8 @@
 
 use std::time::Instant;
 
-use crate::plugin::types::{DeleteError, ProvisionError, Volume};
-use crate::plugin::{Call, CallError, LoadedModule};
+use wasm_provisioner_rules::types::{DeleteError, ProvisionError, Volume};
+use wasm_provisioner_runtime::{Call, CallError, LoadedModule};
 
 use super::Context;
 

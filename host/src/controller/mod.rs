@@ -35,16 +35,16 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::claim::ClaimView;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::plugin::Runtime;
 use crate::server::Health;
 pub use events::EventSink;
 pub use faults::Faults;
 pub use journal::journal_name;
 pub use retry::{Retries, RetryPolicy};
 pub use shares::WorkerShares;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_runtime::Runtime;
 
 /// The controllers' knobs, from the `run` flags.
 #[derive(Clone, Debug)]
@@ -198,7 +198,9 @@ fn sweep_retries(context: &Context) {
         .claims
         .state()
         .iter()
-        .filter(|c| ClaimView(c).has_finalizer(crate::names::FINALIZER_CLAIM_PROVISIONING))
+        .filter(|c| {
+            ClaimView(c).has_finalizer(wasm_provisioner_rules::names::FINALIZER_CLAIM_PROVISIONING)
+        })
         .map(|c| claims::key(c))
         .collect();
     context.recent.retain(

@@ -1,6 +1,6 @@
 //! A guest call refused because the host's instance pool was full.
 //!
-//! Every module reserves its share of the pool at load (`plugin::pool`), so its calls
+//! Every module reserves its share of the pool at load (`pool`), so its calls
 //! always find their slots; a call that does not is a misconfiguration the admin must
 //! hear of, unlike a module at its own `maxConcurrentCalls` (retried silently). The
 //! call did not start: not a failed attempt, no back-off; a Warning Event on the claim
@@ -14,9 +14,9 @@ use tracing::warn;
 
 use super::events::EventSink;
 use super::shares;
-use crate::claim::ClaimView;
-use crate::names;
-use crate::plugin::CallError;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::names;
+use wasm_provisioner_runtime::CallError;
 
 /// A claim's call found the pool full.
 pub(super) async fn claim(
@@ -52,7 +52,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use crate::controller::storm::Storm;
-    use crate::plugin::{Call, CallTarget};
+    use wasm_provisioner_runtime::{Call, CallTarget};
 
     /// An API server that stores every Event it is sent into the returned channel.
     fn recording_sink() -> (EventSink, mpsc::UnboundedReceiver<K8sEvent>) {

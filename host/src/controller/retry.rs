@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::claims::decision::RetryRecord;
-use crate::backoff::Backoff;
-pub use crate::backoff::RetryPolicy;
+use wasm_provisioner_rules::backoff::Backoff;
+pub use wasm_provisioner_rules::backoff::RetryPolicy;
 
 /// What the queue should do after a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,9 +17,9 @@ use std::sync::Mutex;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::watcher;
 
-use crate::claim::ClaimView;
-use crate::decide;
-use crate::names;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::decide;
+use wasm_provisioner_rules::names;
 
 /// What a PV offers the binder.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::watcher;
 
-use crate::decide;
+use wasm_provisioner_rules::decide;
 
 /// How long the storm stays on after the last provision ended: the PV it created is on
 /// its way to the watch.
@@ -129,9 +129,9 @@ impl Storm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::names;
     use k8s_openapi::api::core::v1::PersistentVolumeStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use wasm_provisioner_rules::names;
 
     fn pv(name: &str, by: &str, phase: Option<&str>) -> PersistentVolume {
         PersistentVolume {

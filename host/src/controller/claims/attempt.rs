@@ -14,13 +14,15 @@ use super::decision::{
     Answer, CallFailure, JournalHold, Lookup, Module, Publishing, Recorded, Rules, Share, Snapshot,
 };
 use super::key::{key, volume_name_for};
-use crate::claim::ClaimView;
 use crate::controller::calls::InFlight;
 use crate::controller::shares::SharePermit;
 use crate::controller::{Context, journal, storm};
-use crate::decide;
-use crate::plugin::types::{DeleteError, DeleteRequest, ProvisionError, ProvisionRequest, Volume};
-use crate::plugin::{CallError, LoadedModule};
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::decide;
+use wasm_provisioner_rules::types::{
+    DeleteError, DeleteRequest, ProvisionError, ProvisionRequest, Volume,
+};
+use wasm_provisioner_runtime::{CallError, LoadedModule};
 
 /// Why the class's module cannot be had.
 pub(super) struct ModuleProblem {

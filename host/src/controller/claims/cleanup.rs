@@ -19,13 +19,13 @@ use super::finish::module_unavailable;
 use super::intent;
 use super::key::volume_name_for;
 use super::reconcile::settle;
-use crate::claim::ClaimView;
 use crate::controller::Context;
 use crate::controller::calls::{InFlight, delete_outcome, observe_call, provision_outcome};
 use crate::controller::faults::Step as Fault;
-use crate::plugin::Call;
-use crate::plugin::types::ProvisionError;
-use crate::{decide, names, request, volume};
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::types::ProvisionError;
+use wasm_provisioner_rules::{decide, names, request, volume};
+use wasm_provisioner_runtime::Call;
 
 /// Takes the claim's journal entry, so the sweep (or the provision attempt) is not at
 /// it at the same time.

@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use crate::claim::ClaimView;
-use crate::decide::{self, ProvisionDecision, SkipProvision};
-use crate::names;
-use crate::plugin::bindings::types::PluginInfo;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::decide::{self, ProvisionDecision, SkipProvision};
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::types::PluginInfo;
 
 /// A fact the controller looks up only when the decision needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,13 +8,13 @@ use tracing::{debug, warn};
 
 use super::decision::fingerprint;
 use super::key::key;
-use crate::claim::ClaimView;
 use crate::controller::journal::JournalError;
 use crate::controller::retry::Next;
 use crate::controller::{Context, shares};
 use crate::leader::NotLeader;
-use crate::plugin::CallError;
-use crate::{names, request, volume};
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::{names, request, volume};
+use wasm_provisioner_runtime::CallError;
 
 /// Why one reconcile of a claim did not finish; the error policy turns it into a retry.
 #[derive(Debug, thiserror::Error)]

@@ -7,11 +7,11 @@ use kube::{Api, ResourceExt};
 
 use super::error::Error;
 use super::key::key;
-use crate::claim::ClaimView;
 use crate::controller::Context;
 use crate::controller::faults::Step;
 use crate::controller::finalizers::{self, Edited};
-use crate::names;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::names;
 
 /// Adds or removes our finalizer; returns the claim as it now is, `None` when it is
 /// gone (or replaced under its name, or, when adding, being deleted).

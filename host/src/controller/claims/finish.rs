@@ -9,8 +9,8 @@ use super::attempt::Attempt;
 use super::error::Error;
 use super::intent;
 use super::reschedule::remove_selected_node;
-use crate::claim::ClaimView;
-use crate::names;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::names;
 
 /// Bound: whatever was started is published; the intent goes.
 pub(super) async fn release_bound(attempt: &Attempt<'_>) -> Result<Action, Error> {
@@ -77,7 +77,7 @@ pub(super) async fn module_unavailable(attempt: &Attempt<'_>) -> Error {
 
 pub(super) async fn skip(
     attempt: &Attempt<'_>,
-    reason: crate::decide::SkipProvision,
+    reason: wasm_provisioner_rules::decide::SkipProvision,
     warn: bool,
     retry: bool,
 ) -> Result<Action, Error> {

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use super::error::Error;
 use super::finalizer;
 use super::key::key;
-use crate::claim::ClaimView;
 use crate::controller::Context;
 use crate::controller::faults::Step;
-use crate::names;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::names;
 
 /// Provisioning of `claim` is over with nothing in the backend that no PV owns: its
 /// intent goes, from the journal and from the claim. `claim` must be as fresh as the

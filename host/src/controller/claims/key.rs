@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
-use crate::claim::ClaimView;
+use wasm_provisioner_rules::claim::ClaimView;
 
 /// The queue key: the claim's UID, so a claim recreated under the same name starts over.
 pub(in crate::controller) fn key(claim: &PersistentVolumeClaim) -> String {

@@ -14,8 +14,8 @@ use tracing::debug;
 use super::attempt::{Attempt, ModuleProblem};
 use super::decision::{Lookup, Share};
 use super::error::Error;
-use crate::claim::ClaimView;
-use crate::names;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::names;
 
 /// The class, read from the API after a cache miss: the binder announced the claim
 /// because it saw the class, and our class watch may be a moment behind it (a class
@@ -58,7 +58,7 @@ pub(super) fn module(attempt: &mut Attempt<'_>) {
                 names::PARAM_MODULE
             ),
         }),
-        Some(module) => crate::plugin::class_pin(module, parameters)
+        Some(module) => wasm_provisioner_runtime::class_pin(module, parameters)
             .and_then(|pinned| attempt.ctx.runtime.resolve(module, pinned))
             .map_err(|error| ModuleProblem {
                 loading: error.is_loading(),

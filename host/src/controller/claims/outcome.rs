@@ -13,9 +13,9 @@ use super::reschedule::remove_selected_node;
 use super::{intent, tell};
 use crate::controller::faults::Step as Fault;
 use crate::controller::{pool_full, shares};
-use crate::names;
-use crate::plugin::CallError;
-use crate::plugin::types::ProvisionError;
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::types::ProvisionError;
+use wasm_provisioner_runtime::CallError;
 
 /// The error of the call that did not answer: `provision`'s, else `should-provision`'s.
 fn call_error(attempt: &mut Attempt<'_>) -> CallError {

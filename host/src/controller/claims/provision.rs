@@ -18,15 +18,15 @@ use super::error::Error;
 use super::finalizer;
 use super::lookup::vanished_node;
 use super::tell;
-use crate::claim::ClaimView;
 use crate::controller::Context;
 use crate::controller::calls::{InFlight, call, delete_outcome, observe_call, provision_outcome};
 use crate::controller::faults::Step;
-use crate::decide;
 use crate::leader::NotLeader;
-use crate::names;
-use crate::plugin::{Call, LoadedModule};
-use crate::{request, volume};
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::decide;
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::{request, volume};
+use wasm_provisioner_runtime::{Call, LoadedModule};
 
 /// The class and module of a claim the decision let through its rules.
 fn class_and_module(attempt: &Attempt<'_>) -> (Arc<StorageClass>, Arc<LoadedModule>) {
@@ -169,7 +169,7 @@ pub(super) async fn check_volume(attempt: &mut Attempt<'_>) -> Result<(), Error>
         unreachable!("the decision checks only a volume the module answered");
     };
     attempt.delete_request = Some(volume::unpublished_delete_request(request, volume));
-    let checked = volume::publishable_volume(
+    let checked = wasm_provisioner_runtime::publishable_volume(
         request,
         attempt.claim(),
         &class,

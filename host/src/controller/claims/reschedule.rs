@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::error::Error;
 use crate::controller::Context;
-use crate::names;
+use wasm_provisioner_rules::names;
 
 /// Removes the selected-node annotations (GA and alpha) from `claim`.
 pub(super) async fn remove_selected_node(

@@ -6,9 +6,9 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
-use crate::claim::ClaimView;
 use crate::controller::Context;
-use crate::names;
+use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::names;
 
 /// The `class` and `source` labels of the provisioning metrics.
 pub(super) fn metric_labels(claim: &PersistentVolumeClaim, class: &StorageClass) -> [String; 2] {

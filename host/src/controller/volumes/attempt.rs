@@ -14,8 +14,8 @@ use crate::controller::Context;
 use crate::controller::claims::decision::{CallFailure, Lookup, Share};
 use crate::controller::recent::VolumeStage;
 use crate::controller::shares::SharePermit;
-use crate::plugin::types::{DeleteError, DeleteRequest};
-use crate::plugin::{CallError, LoadedModule};
+use wasm_provisioner_rules::types::{DeleteError, DeleteRequest};
+use wasm_provisioner_runtime::{CallError, LoadedModule};
 
 /// Why the volume's module cannot be had.
 pub(super) struct NoModule {

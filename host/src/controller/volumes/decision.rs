@@ -16,8 +16,8 @@
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 use crate::controller::claims::decision::{CallFailure, Lookup, Share};
-use crate::decide::{self, DeleteDecision, FinalizerAction, SkipDelete};
-use crate::names;
+use wasm_provisioner_rules::decide::{self, DeleteDecision, FinalizerAction, SkipDelete};
+use wasm_provisioner_rules::names;
 
 /// How far this process got with the PV's cleanup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,7 +212,10 @@ fn call_failed(failure: CallFailure) -> Step {
 /// deleted already). A PV left Released without our finalizer (a crash in between) is
 /// deleted again from the top: the module's delete of a deleted volume succeeds.
 fn remove(s: &Snapshot) -> Step {
-    let ours = decide::has_finalizer(&s.pv.metadata, names::FINALIZER_PV_PROTECTION);
+    let ours = wasm_provisioner_rules::object::has_finalizer(
+        &s.pv.metadata,
+        names::FINALIZER_PV_PROTECTION,
+    );
     if ours && !s.finalizer_removed {
         return Step::LetGo;
     }

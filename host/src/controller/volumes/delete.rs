@@ -18,9 +18,9 @@ use crate::controller::calls::{InFlight, call, delete_outcome, observe_call};
 use crate::controller::claims::decision::{Lookup, Share};
 use crate::controller::faults::Step as Fault;
 use crate::controller::recent::VolumeStage;
-use crate::names;
-use crate::plugin::Call;
-use crate::volume;
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::volume;
+use wasm_provisioner_runtime::Call;
 
 /// The module that made this PV, as recorded on it, else its class's.
 pub(super) fn module(attempt: &mut Attempt<'_>) {

@@ -11,7 +11,7 @@ use super::key::key;
 use crate::controller::Context;
 use crate::controller::retry::Next;
 use crate::leader::NotLeader;
-use crate::{names, volume};
+use wasm_provisioner_rules::{names, volume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

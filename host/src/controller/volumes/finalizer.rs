@@ -6,7 +6,7 @@ use kube::Api;
 
 use super::error::Error;
 use crate::controller::{Context, finalizers};
-use crate::names;
+use wasm_provisioner_rules::names;
 
 /// Adds or removes the protection finalizer without overwriting others' finalizers.
 pub(super) async fn edit(ctx: &Context, pv: &PersistentVolume, add: bool) -> Result<(), Error> {

@@ -12,10 +12,10 @@ use super::key::class_label;
 use super::{finalizer, told};
 use crate::controller::recent::VolumeStage;
 use crate::controller::{pool_full, shares};
-use crate::decide::SkipDelete;
-use crate::names;
-use crate::plugin::CallError;
-use crate::plugin::types::DeleteError;
+use wasm_provisioner_rules::decide::SkipDelete;
+use wasm_provisioner_rules::names;
+use wasm_provisioner_rules::types::DeleteError;
+use wasm_provisioner_runtime::CallError;
 
 /// How soon a delete the plugin answered `in-background` is asked again: soon enough
 /// that a volume deleted in one-second chunks goes at a steady pace, slow enough to

@@ -1,0 +1,251 @@
+//! The guest contract's data types (the `types` interface of `wit/provisioner.wit`) as
+//! plain Rust, so the rules can build requests and check answers without wasmtime.
+//!
+//! Each type has the name, fields and cases the WIT gives it (kebab-case made Rust), and
+//! the WIT's comments are its documentation. The runtime converts these to and from its
+//! generated bindings field by field (`host/runtime/src/contract.rs`): a field added to
+//! the WIT and not here, or here and not there, fails to compile.
+
+/// A string map (labels, annotations, parameters), in no particular order.
+pub type StringMap = Vec<(String, String)>;
+
+/// What a plugin says about itself (`describe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: String,
+    pub supports_block: bool,
+    pub data_source_kinds: Vec<String>,
+}
+
+/// Kubernetes access modes of a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessMode {
+    ReadWriteOnce,
+    ReadOnlyMany,
+    ReadWriteMany,
+    ReadWriteOncePod,
+}
+
+/// Whether a volume is a filesystem or a raw block device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeMode {
+    Filesystem,
+    Block,
+}
+
+/// The object a claim asks to be populated from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataSource {
+    pub api_group: Option<String>,
+    pub kind: String,
+    pub name: String,
+    pub namespace: Option<String>,
+}
+
+/// One requirement of a claim's label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelRequirement {
+    pub key: String,
+    pub operator: String,
+    pub values: Vec<String>,
+}
+
+/// A claim's label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelSelector {
+    pub match_labels: StringMap,
+    pub match_expressions: Vec<LabelRequirement>,
+}
+
+/// The claim a volume is made for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub labels: StringMap,
+    pub annotations: StringMap,
+    pub access_modes: Vec<AccessMode>,
+    pub requested_bytes: u64,
+    pub limit_bytes: Option<u64>,
+    pub volume_mode: VolumeMode,
+    pub data_source: Option<DataSource>,
+    pub selector: Option<LabelSelector>,
+}
+
+/// What happens to a volume when its claim is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimPolicy {
+    Delete,
+    Retain,
+    Recycle,
+}
+
+/// When a class's volumes are bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindingMode {
+    Immediate,
+    WaitForFirstConsumer,
+}
+
+/// One key and its allowed values in a class's allowed topologies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopologyRequirement {
+    pub key: String,
+    pub values: Vec<String>,
+}
+
+/// One term of a class's allowed topologies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopologyTerm {
+    pub requirements: Vec<TopologyRequirement>,
+}
+
+/// The StorageClass a claim names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Class {
+    pub name: String,
+    pub parameters: StringMap,
+    pub reclaim_policy: ReclaimPolicy,
+    pub mount_options: Vec<String>,
+    pub allowed_topologies: Vec<TopologyTerm>,
+    pub binding_mode: BindingMode,
+}
+
+/// The node the scheduler selected for a claim's first consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    pub labels: StringMap,
+}
+
+/// What `should-provision` and `provision` receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvisionRequest {
+    pub volume_name: String,
+    pub claim: Claim,
+    pub class: Class,
+    pub selected_node: Option<Node>,
+}
+
+/// A directory on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPathSource {
+    pub path: String,
+    pub path_type: Option<String>,
+}
+
+/// A local volume: a directory or device on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalSource {
+    pub path: String,
+    pub fs_type: Option<String>,
+}
+
+/// An NFS export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NfsSource {
+    pub server: String,
+    pub path: String,
+    pub read_only: bool,
+}
+
+/// A volume a CSI driver attaches and mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsiSource {
+    pub driver: String,
+    pub volume_handle: String,
+    pub fs_type: Option<String>,
+    pub read_only: bool,
+    pub volume_attributes: StringMap,
+}
+
+/// An iSCSI LUN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IscsiSource {
+    pub target_portal: String,
+    pub iqn: String,
+    pub lun: i32,
+    pub iscsi_interface: Option<String>,
+    pub fs_type: Option<String>,
+    pub read_only: bool,
+    pub portals: Vec<String>,
+}
+
+/// Where a volume's data is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeSource {
+    HostPath(HostPathSource),
+    Local(LocalSource),
+    Nfs(NfsSource),
+    Csi(CsiSource),
+    Iscsi(IscsiSource),
+    /// Any other PV source, as the JSON of a PersistentVolumeSpec fragment.
+    Json(String),
+}
+
+/// One requirement of a node selector term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSelectorRequirement {
+    pub key: String,
+    pub operator: String,
+    pub values: Vec<String>,
+}
+
+/// One term of a volume's node affinity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSelectorTerm {
+    pub match_expressions: Vec<NodeSelectorRequirement>,
+}
+
+/// A plugin's answer to `provision`: the volume it made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub capacity_bytes: u64,
+    pub source: VolumeSource,
+    pub node_affinity: Vec<NodeSelectorTerm>,
+    pub labels: StringMap,
+    pub annotations: StringMap,
+    pub mount_options: Vec<String>,
+    pub volume_mode: Option<VolumeMode>,
+}
+
+/// Why a plugin made no volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProvisionError {
+    Ignored(String),
+    Failed(String),
+    InBackground(String),
+    Reschedule(String),
+    Infeasible(String),
+}
+
+/// A volume as published, given back to `should-delete` and `delete`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedVolume {
+    pub name: String,
+    pub source: VolumeSource,
+    pub capacity_bytes: u64,
+    pub labels: StringMap,
+    pub annotations: StringMap,
+    pub node_affinity: Vec<NodeSelectorTerm>,
+    pub claim_namespace: Option<String>,
+    pub claim_name: Option<String>,
+}
+
+/// What `should-delete` and `delete` receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteRequest {
+    pub volume: PublishedVolume,
+    pub class_name: String,
+    pub class_parameters: StringMap,
+}
+
+/// Why a plugin deleted nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeleteError {
+    Ignored(String),
+    Failed(String),
+    InBackground(String),
+}
