@@ -271,6 +271,8 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// Claims and volumes given up on past their failure threshold, by queue.
     pub given_up: IntCounterVec,
+    /// Reconciles that did not finish, by controller and the error's metric label.
+    pub reconcile_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -392,6 +394,11 @@ impl Metrics {
                 }
                 given_up
             },
+            reconcile_errors: counter(
+                "wasm_provisioner_reconcile_errors_total",
+                "Reconciles of claims (volumes) that did not finish and will be retried, by controller and error kind",
+                &["controller", "error"],
+            ),
             registry,
         }
     }

@@ -209,6 +209,15 @@ async fn a_failing_claims_attempts_follow_the_back_off() {
             "attempt gaps {gaps:?} s, not {expected:?} s\n{}",
             log_tail(&host)
         );
+        // Each failed attempt is counted by its error's kind.
+        let sample =
+            r#"wasm_provisioner_reconcile_errors_total{controller="claims",error="failed"}"#;
+        let counted = host.metric(sample).unwrap_or(0.0);
+        ensure!(
+            counted >= answers.len() as f64,
+            "{sample} is {counted} after {} failed attempts",
+            answers.len()
+        );
         Ok(())
     })
     .await;

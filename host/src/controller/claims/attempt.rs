@@ -19,16 +19,40 @@ use crate::controller::shares::SharePermit;
 use crate::controller::{Context, journal, storm};
 use wasm_provisioner_rules::claim::ClaimView;
 use wasm_provisioner_rules::decide;
+use wasm_provisioner_rules::names;
 use wasm_provisioner_rules::types::{
     DeleteError, DeleteRequest, ProvisionError, ProvisionRequest, Volume,
 };
-use wasm_provisioner_runtime::{CallError, LoadedModule};
+use wasm_provisioner_runtime::{CallError, LoadedModule, ResolveError};
 
 /// Why the class's module cannot be had.
-pub(super) struct ModuleProblem {
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ModuleProblem {
+    #[error(
+        "storage class {class:?} has no {:?} parameter; set it to the name of a module in the modules directory",
+        names::PARAM_MODULE
+    )]
+    NoModuleParameter { class: String },
+    #[error("storage class {class:?}: {source}")]
+    Resolve {
+        class: String,
+        #[source]
+        source: ResolveError,
+    },
+}
+
+impl ModuleProblem {
     /// Its first version is still loading (not a failure).
-    pub loading: bool,
-    pub message: String,
+    pub fn is_loading(&self) -> bool {
+        matches!(self, ModuleProblem::Resolve { source, .. } if source.is_loading())
+    }
+
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ModuleProblem::NoModuleParameter { .. } => "no_module_parameter",
+            ModuleProblem::Resolve { source, .. } => source.metric_label(),
+        }
+    }
 }
 
 /// The module's answer to a `provision` call.
@@ -175,7 +199,7 @@ impl<'c> Attempt<'c> {
             published: self.published,
             module: self.module.as_ref().map(|module| match module {
                 Ok(loaded) => Module::Loaded(loaded.info()),
-                Err(problem) if problem.loading => Module::Loading,
+                Err(problem) if problem.is_loading() => Module::Loading,
                 Err(_) => Module::Unavailable,
             }),
             share: self.share,

@@ -13,8 +13,11 @@ use crate::controller::retry::Next;
 use crate::controller::{Context, shares};
 use crate::leader::NotLeader;
 use wasm_provisioner_rules::claim::ClaimView;
+use wasm_provisioner_rules::decide::SkipProvision;
 use wasm_provisioner_rules::{names, request, volume};
 use wasm_provisioner_runtime::CallError;
+
+use super::attempt::ModuleProblem;
 
 /// Why one reconcile of a claim did not finish; the error policy turns it into a retry.
 #[derive(Debug, thiserror::Error)]
@@ -25,14 +28,27 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The rules said not to provision now (and to retry).
+    #[error("claim {claim}: {reason}")]
+    Skipped {
+        claim: String,
+        reason: SkipProvision,
+    },
+    /// The selected node is gone; the scheduler was asked to pick another.
     #[error("claim {claim}: {message}")]
-    Skipped { claim: String, message: String },
-    #[error("claim {claim}: {message}")]
-    Module { claim: String, message: String },
+    NodeGone { claim: String, message: String },
+    #[error("claim {claim}: {problem}")]
+    Module {
+        claim: String,
+        problem: ModuleProblem,
+    },
     /// The class's module is still loading (compiling): not a failed attempt, no Event;
     /// the claim waits for it.
-    #[error("claim {claim}: {message}")]
-    ModuleLoading { claim: String, message: String },
+    #[error("claim {claim}: {problem}")]
+    ModuleLoading {
+        claim: String,
+        problem: ModuleProblem,
+    },
     #[error(transparent)]
     Request(#[from] request::Error),
     #[error(transparent)]
@@ -57,15 +73,28 @@ pub enum Error {
         message: String,
         class_version: String,
     },
+    /// The module's volume could not be published; it was deleted (`cleaned_up`), or
+    /// deleting it failed too and the claim keeps the intent.
     #[error("claim {claim}: {message}")]
-    Save { claim: String, message: String },
+    Unpublished {
+        claim: String,
+        message: String,
+        cleaned_up: bool,
+    },
+    /// A PV of the volume's name exists but is not this claim's live volume.
+    #[error("claim {claim}: {message}")]
+    PvConflict { claim: String, message: String },
     /// The claim is being deleted with provisioning in flight; retried until the
     /// backend is clean, never given up on.
     #[error("claim {claim} is being deleted; cleaning up its backend volume: {message}")]
     Cleanup { claim: String, message: String },
     /// The provisioning journal could not store the intent: nothing was provisioned.
-    #[error("claim {claim}: {message}")]
-    Journal { claim: String, message: String },
+    #[error("claim {claim}: {source}")]
+    Journal {
+        claim: String,
+        #[source]
+        source: JournalError,
+    },
     /// The leadership fence closed: nothing more is done; the next leader takes over.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
@@ -83,10 +112,37 @@ impl Error {
     pub(super) fn journal(claim: &PersistentVolumeClaim, error: JournalError) -> Self {
         match error {
             JournalError::NotLeader(fenced) => Error::NotLeader(fenced),
-            error @ JournalError::Write { .. } => Error::Journal {
+            source @ JournalError::Write { .. } => Error::Journal {
                 claim: ClaimView(claim).key(),
-                message: error.to_string(),
+                source,
             },
+        }
+    }
+
+    /// The metric label of this error (`wasm_provisioner_reconcile_errors_total`): one
+    /// per kind, the cause's own where it has one.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Api { .. } => "api",
+            Error::Skipped { .. } => "skipped",
+            Error::NodeGone { .. } => "selected_node_gone",
+            Error::Module { problem, .. } | Error::ModuleLoading { problem, .. } => {
+                problem.metric_label()
+            }
+            Error::Request(error) => error.metric_label(),
+            Error::Volume(error) => error.metric_label(),
+            Error::Call { source, .. } => source.metric_label(),
+            Error::Outcome { outcome, .. } => outcome,
+            Error::Infeasible { .. } => "infeasible",
+            Error::Unpublished {
+                cleaned_up: true, ..
+            } => "unpublishable",
+            Error::Unpublished { .. } => "unpublishable_cleanup_failed",
+            Error::PvConflict { .. } => "pv_conflict",
+            Error::Cleanup { .. } => "cleanup",
+            Error::Journal { .. } => "journal",
+            Error::NotLeader(_) => "not_leader",
+            Error::Undecided { .. } => "undecided",
         }
     }
 
@@ -114,6 +170,10 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
         debug!(%error, "retrying in {:?}", shares::LOADING_RECHECK);
         return Action::requeue(shares::LOADING_RECHECK);
     }
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&["claims", error.metric_label()])
+        .inc();
     warn!(%error, "provisioning did not finish; will retry");
     let print = fingerprint(&claim);
     match error {

@@ -2,10 +2,11 @@
 //! deleted, bound, held, published already, no module, a rule says no, waiting for a
 //! worker or the journal, a vanished node.
 
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::info;
 
-use super::attempt::Attempt;
+use super::attempt::{Attempt, ModuleProblem};
 use super::error::Error;
 use super::intent;
 use super::reschedule::remove_selected_node;
@@ -39,7 +40,7 @@ pub(super) fn forget_deleted(attempt: &Attempt<'_>) -> Action {
 pub(super) fn module_loading(attempt: &Attempt<'_>) -> Error {
     Error::ModuleLoading {
         claim: attempt.claim_key(),
-        message: module_problem(attempt),
+        problem: module_problem(attempt),
     }
 }
 
@@ -49,29 +50,31 @@ pub(super) fn claim_gone(attempt: &Attempt<'_>) -> Action {
     Action::await_change()
 }
 
-/// Why the class's module cannot be had.
-pub(super) fn module_problem(attempt: &Attempt<'_>) -> String {
+/// Why the class's module cannot be had (the decision asks for it only then).
+pub(super) fn module_problem(attempt: &Attempt<'_>) -> ModuleProblem {
     match &attempt.module {
-        super::decision::Lookup::Found(Err(problem)) => problem.message.clone(),
-        _ => String::new(),
+        super::decision::Lookup::Found(Err(problem)) => problem.clone(),
+        _ => ModuleProblem::NoModuleParameter {
+            class: attempt.class().map(|c| c.name_any()).unwrap_or_default(),
+        },
     }
 }
 
 /// No module to ask: a Warning Event (the admin may be adding it right now), a retry.
 pub(super) async fn module_unavailable(attempt: &Attempt<'_>) -> Error {
-    let message = module_problem(attempt);
+    let problem = module_problem(attempt);
     attempt
         .ctx
         .events
         .claim_warning(
             attempt.claim(),
             names::REASON_PROVISIONING_FAILED,
-            message.clone(),
+            problem.to_string(),
         )
         .await;
     Error::Module {
         claim: attempt.claim_key(),
-        message,
+        problem,
     }
 }
 
@@ -94,7 +97,7 @@ pub(super) async fn skip(
     if retry {
         return Err(Error::Skipped {
             claim: attempt.claim_key(),
-            message: reason.to_string(),
+            reason,
         });
     }
     Ok(Action::requeue(ctx.settings.resync_period))
@@ -116,7 +119,7 @@ pub(super) async fn reschedule(attempt: &Attempt<'_>) -> Result<Error, Error> {
         )
         .await;
     remove_selected_node(ctx, attempt.claim()).await?;
-    Ok(Error::Skipped {
+    Ok(Error::NodeGone {
         claim: attempt.claim_key(),
         message,
     })

@@ -51,18 +51,12 @@ pub(super) fn module(attempt: &mut Attempt<'_>) {
     let class_name = class.name_any();
     let parameters = class.parameters.as_ref();
     let resolved = match parameters.and_then(|p| p.get(names::PARAM_MODULE)) {
-        None => Err(ModuleProblem {
-            loading: false,
-            message: format!(
-                "storage class {class_name:?} has no {:?} parameter; set it to the name of a module in the modules directory",
-                names::PARAM_MODULE
-            ),
-        }),
+        None => Err(ModuleProblem::NoModuleParameter { class: class_name }),
         Some(module) => wasm_provisioner_runtime::class_pin(module, parameters)
             .and_then(|pinned| attempt.ctx.runtime.resolve(module, pinned))
-            .map_err(|error| ModuleProblem {
-                loading: error.is_loading(),
-                message: format!("storage class {class_name:?}: {error}"),
+            .map_err(|source| ModuleProblem::Resolve {
+                class: class_name,
+                source,
             }),
     };
     attempt.module = Lookup::Found(resolved);

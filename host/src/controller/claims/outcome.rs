@@ -208,7 +208,7 @@ pub(super) async fn save_conflict(attempt: &Attempt<'_>) -> Result<Error, Error>
     let class = attempt.class().cloned().expect("a PV was made for a class");
     intent::keep(ctx, attempt.claim()).await?;
     tell::attempt_failed(ctx, attempt.claim(), &class, message.clone()).await;
-    Ok(Error::Save {
+    Ok(Error::PvConflict {
         claim: attempt.claim_key(),
         message,
     })
@@ -229,7 +229,8 @@ pub(super) async fn discarded(attempt: &Attempt<'_>) -> Result<Error, Error> {
         )
         .await;
     intent::release(ctx, attempt.claim()).await?;
-    Ok(Error::Save {
+    Ok(Error::Unpublished {
+        cleaned_up: true,
         claim: claim_key,
         message,
     })
@@ -260,7 +261,8 @@ pub(super) async fn discard_failed(attempt: &Attempt<'_>) -> Result<Error, Error
             ),
         )
         .await;
-    Ok(Error::Save {
+    Ok(Error::Unpublished {
+        cleaned_up: false,
         claim: attempt.claim_key(),
         message: format!("{message}; cleanup failed: {cause}"),
     })

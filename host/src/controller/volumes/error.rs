@@ -21,8 +21,14 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The delete failed: `cause` is why, as a metric label (`failed`: the module's
+    /// answer; `no_module`; else the guest call's failure).
     #[error("volume {volume}: {message}")]
-    Delete { volume: String, message: String },
+    Delete {
+        volume: String,
+        cause: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Request(#[from] volume::Error),
     /// The leadership fence closed: nothing more is done; the next leader takes over.
@@ -39,6 +45,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// The metric label of this error (`wasm_provisioner_reconcile_errors_total`).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Api { .. } => "api",
+            Error::Delete { cause, .. } => cause,
+            Error::Request(error) => error.metric_label(),
+            Error::NotLeader(_) => "not_leader",
+            Error::Undecided { .. } => "undecided",
+        }
+    }
+
     pub(super) fn api(pv: &PersistentVolume, source: kube::Error) -> Self {
         Error::Api {
             volume: pv.name_any(),
@@ -50,6 +67,10 @@ impl Error {
 /// A failed delete is retried with back-off and given up past
 /// `--failed-delete-threshold` (then once per resync period, with one Warning Event).
 pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&["volumes", error.metric_label()])
+        .inc();
     warn!(%error, "deleting did not finish; will retry");
     if let Error::NotLeader(_) = error {
         return Action::requeue(crate::controller::claims::NOT_LEADER_REQUEUE);

@@ -106,10 +106,12 @@ pub(super) fn ignored(attempt: &Attempt<'_>) -> Action {
 /// module, a call failed, or the module answered failed.
 pub(super) async fn delete_failed(attempt: &mut Attempt<'_>) -> Error {
     let ctx = attempt.ctx;
-    let message = match (&attempt.deleted, &attempt.should_delete) {
-        (Some(Ok(Err(DeleteError::Failed(message)))), _) => message.clone(),
-        (Some(Err(error)), _) | (None, Some(Err(error))) => error.to_string(),
-        _ => no_module_message(attempt),
+    let (cause, message) = match (&attempt.deleted, &attempt.should_delete) {
+        (Some(Ok(Err(DeleteError::Failed(message)))), _) => ("failed", message.clone()),
+        (Some(Err(error)), _) | (None, Some(Err(error))) => {
+            (error.metric_label(), error.to_string())
+        }
+        _ => ("no_module", no_module_message(attempt)),
     };
     let class = class_label(&attempt.pv);
     ctx.metrics
@@ -125,6 +127,7 @@ pub(super) async fn delete_failed(attempt: &mut Attempt<'_>) -> Error {
         .await;
     Error::Delete {
         volume: attempt.pv.name_any(),
+        cause,
         message,
     }
 }
