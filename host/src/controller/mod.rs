@@ -150,6 +150,44 @@ pub struct Feed<K: kube::Resource<DynamicType = ()>> {
     pub triggers: Vec<BoxStream<'static, ObjectRef<K>>>,
 }
 
+/// Runs one controller over `feed` (its objects and the extra triggers) until
+/// `shutdown`, then lets its in-flight reconciles finish; `what` names it in logs.
+async fn run_controller<K, F, E>(
+    what: &'static str,
+    ctx: Arc<Context>,
+    store: Store<K>,
+    feed: Feed<K>,
+    shutdown: CancellationToken,
+    reconcile: impl FnMut(Arc<K>, Arc<Context>) -> F,
+    error_policy: impl Fn(Arc<K>, &E, Arc<Context>) -> kube::runtime::controller::Action,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    F: futures::TryFuture<Ok = kube::runtime::controller::Action, Error = E> + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.threads);
+    let mut controller =
+        kube::runtime::Controller::for_stream(feed.objects, store).with_config(config);
+    for trigger in feed.triggers {
+        controller = controller.reconcile_on(trigger);
+    }
+    controller
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "{what} controller");
+            }
+        })
+        .await;
+}
+
 /// Past its failure threshold a claim (volume) is retried once every resync period; the
 /// first time, it is told: `given_up` counts it for `queue`, and a Warning Event with
 /// `reason` and `note` goes on `object`, off the worker's path.

@@ -174,10 +174,7 @@ impl<'c> Attempt<'c> {
 
     /// The class's module, once resolved.
     pub fn loaded_module(&self) -> Option<&Arc<LoadedModule>> {
-        match &self.module {
-            Lookup::Found(Ok(module)) => Some(module),
-            _ => None,
-        }
+        self.module.usable()
     }
 
     /// The decision's view.

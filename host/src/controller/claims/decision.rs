@@ -69,6 +69,16 @@ impl<T> Lookup<T> {
     }
 }
 
+impl<T, E> Lookup<Result<T, E>> {
+    /// What was found and is usable, if anything.
+    pub fn usable(&self) -> Option<&T> {
+        match self {
+            Lookup::Found(Ok(found)) => Some(found),
+            _ => None,
+        }
+    }
+}
+
 /// The retry state of the claim's queue key, as [`super::super::retry::Retries`] holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RetryRecord {

@@ -54,11 +54,8 @@ pub use reconcile::reconcile;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::runtime::Controller;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
 
 use super::{Context, Feed};
 
@@ -69,19 +66,14 @@ pub async fn start(
     feed: Feed<PersistentVolumeClaim>,
     shutdown: CancellationToken,
 ) {
-    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.threads);
-    let mut controller =
-        Controller::for_stream(feed.objects, ctx.claims.clone()).with_config(config);
-    for trigger in feed.triggers {
-        controller = controller.reconcile_on(trigger);
-    }
-    controller
-        .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "claim controller");
-            }
-        })
-        .await;
+    super::run_controller(
+        "claim",
+        ctx.clone(),
+        ctx.claims.clone(),
+        feed,
+        shutdown,
+        reconcile,
+        error_policy,
+    )
+    .await;
 }

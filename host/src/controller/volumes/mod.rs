@@ -40,13 +40,11 @@ pub(super) use told::retain as retain_announced;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
-use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use tokio_util::sync::CancellationToken;
-use tracing::{trace, warn};
+use tracing::trace;
 
 use super::{Context, Feed};
 use attempt::Attempt;
@@ -80,19 +78,14 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
 /// Runs the volume controller over `feed` until `shutdown`, then lets its in-flight
 /// reconciles finish.
 pub async fn start(ctx: Arc<Context>, feed: Feed<PersistentVolume>, shutdown: CancellationToken) {
-    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.threads);
-    let mut controller =
-        Controller::for_stream(feed.objects, ctx.volumes.clone()).with_config(config);
-    for trigger in feed.triggers {
-        controller = controller.reconcile_on(trigger);
-    }
-    controller
-        .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "volume controller");
-            }
-        })
-        .await;
+    super::run_controller(
+        "volume",
+        ctx.clone(),
+        ctx.volumes.clone(),
+        feed,
+        shutdown,
+        reconcile,
+        error_policy,
+    )
+    .await;
 }
