@@ -384,7 +384,7 @@ fn publish_class(scratch: &Scratch, parameters: &[(&str, &str)]) -> PathBuf {
     scratch.write("sc.yaml", &text)
 }
 
-/// Issue 9.1 in the offline runner: a module answering a source its grants do not
+/// In the offline runner: a module answering a source its grants do not
 /// cover (`hostPath: /`) is refused with the rule, and its backend volume is deleted
 /// through its own `delete`, exactly as the controller does.
 #[test]

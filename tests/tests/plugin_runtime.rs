@@ -893,7 +893,7 @@ async fn delete_round_trip_on_echo() {
     assert!(answer.is_ok(), "{answer:?}");
 }
 
-/// Issue 10.4: a new version is validated while the module is busy at its limit. Its
+/// A new version is validated while the module is busy at its limit. Its
 /// `describe` must not compete with the module's calls (it was refused as `busy`, and the
 /// digest remembered as broken until the bytes changed).
 #[tokio::test]

@@ -262,7 +262,7 @@ mod tests {
         assert!(!should_give_up(0, 15));
         assert!(
             !should_give_up(15, 15),
-            "the seed requeues while requeues < 15"
+            "the Go library requeues while requeues < 15"
         );
         assert!(should_give_up(16, 15));
         assert!(!should_give_up(u32::MAX, 0));

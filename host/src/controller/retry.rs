@@ -248,7 +248,7 @@ mod tests {
                 failures: 4,
                 first: true
             },
-            "as the seed: given up at the failure after `threshold` requeues"
+            "as the Go library: given up at the failure after `threshold` requeues"
         );
         assert!(retries.given_up("a", 1));
         assert_eq!(
