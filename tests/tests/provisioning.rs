@@ -420,7 +420,11 @@ async fn failing_claim_is_given_up_after_the_threshold_then_retried_each_resync(
         host.metric("wasm_provisioner_guest_call_failures_total{call=\"provision\",module=\"echo\",outcome=\"failed\"}")
             .unwrap_or_default()
     };
-    assert_eq!(failed_calls(), 4.0, "threshold + 1 attempts, as the Go library");
+    assert_eq!(
+        failed_calls(),
+        4.0,
+        "threshold + 1 attempts, as the Go library"
+    );
     // The four attempts' ProvisioningFailed Events are one Event whose series counts
     // them (created once, then patched), as kube-runtime's Recorder and client-go do.
     let events: Api<k8s_openapi::api::events::v1::Event> =

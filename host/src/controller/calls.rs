@@ -4,10 +4,12 @@
 
 use std::time::Instant;
 
-use wasm_provisioner_rules::types::{DeleteError, ProvisionError, Volume};
+use wasm_provisioner_rules::types::{DeleteError, ProvisionError, ProvisionRequest, Volume};
 use wasm_provisioner_runtime::{Call, CallError, LoadedModule};
 
 use super::Context;
+use super::claims::decision::CallFailure;
+use crate::leader::NotLeader;
 
 /// Runs one guest call, recording its duration and outcome.
 pub(super) async fn call<T>(
@@ -24,6 +26,40 @@ pub(super) async fn call<T>(
     };
     observe_call(ctx, module, call, started, outcome);
     result
+}
+
+/// The module's `provision` of `request`, through the leadership fence (`step` names
+/// it), recorded: when it started, and its answer.
+pub(super) async fn fenced_provision(
+    ctx: &Context,
+    module: &LoadedModule,
+    request: &ProvisionRequest,
+    step: &'static str,
+) -> Result<(Instant, Result<Result<Volume, ProvisionError>, CallError>), NotLeader> {
+    let started = Instant::now();
+    let answer = ctx
+        .leadership
+        .fenced(step, module.provision(request))
+        .await?;
+    observe_call(
+        ctx,
+        module,
+        Call::Provision,
+        started,
+        provision_outcome(&answer),
+    );
+    Ok((started, answer))
+}
+
+/// What kind of failure a guest call's error is, for the decisions.
+pub(super) fn call_failure(error: &CallError) -> CallFailure {
+    if error.is_busy() {
+        CallFailure::Busy
+    } else if error.is_pool_full() {
+        CallFailure::PoolFull
+    } else {
+        CallFailure::Failed
+    }
 }
 
 /// Records one guest call that started at `started` and ended with `outcome`.

@@ -11,10 +11,10 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 
 use super::decision::{
-    Answer, CallFailure, JournalHold, Lookup, Module, Publishing, Recorded, Rules, Share, Snapshot,
+    Answer, JournalHold, Lookup, Module, Publishing, Recorded, Rules, Share, Snapshot,
 };
 use super::key::{key, volume_name_for};
-use crate::controller::calls::InFlight;
+use crate::controller::calls::{InFlight, call_failure};
 use crate::controller::shares::SharePermit;
 use crate::controller::{Context, journal, storm};
 use wasm_provisioner_rules::claim::ClaimView;
@@ -215,17 +215,6 @@ impl<'c> Attempt<'c> {
                 .map(|answer| matches!(answer, Ok(Ok(())))),
             live_volume_is_the_claims: self.live_volume,
         }
-    }
-}
-
-/// What kind of failure a guest call's error is, for the decision.
-pub(super) fn call_failure(error: &CallError) -> CallFailure {
-    if error.is_busy() {
-        CallFailure::Busy
-    } else if error.is_pool_full() {
-        CallFailure::PoolFull
-    } else {
-        CallFailure::Failed
     }
 }
 

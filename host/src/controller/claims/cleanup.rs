@@ -20,7 +20,7 @@ use super::intent;
 use super::key::volume_name_for;
 use super::reconcile::settle;
 use crate::controller::Context;
-use crate::controller::calls::{InFlight, delete_outcome, observe_call, provision_outcome};
+use crate::controller::calls::{InFlight, delete_outcome, fenced_provision, observe_call};
 use crate::controller::faults::Step as Fault;
 use wasm_provisioner_rules::claim::ClaimView;
 use wasm_provisioner_rules::types::ProvisionError;
@@ -68,18 +68,8 @@ pub(super) async fn ask_again(attempt: &mut Attempt<'_>) -> Result<(), Error> {
         node.as_deref().map(|n| &n.metadata),
     )?;
     attempt.in_flight = Some(InFlight::start(ctx, "provision"));
-    let started = Instant::now();
-    let answer = ctx
-        .leadership
-        .fenced("guest provision call (cleanup)", module.provision(&request))
-        .await?;
-    observe_call(
-        ctx,
-        &module,
-        Call::Provision,
-        started,
-        provision_outcome(&answer),
-    );
+    let (_, answer) =
+        fenced_provision(ctx, &module, &request, "guest provision call (cleanup)").await?;
     attempt.request = Some(request);
     attempt.answer = Some(answer);
     Ok(())

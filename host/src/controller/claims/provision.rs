@@ -19,7 +19,7 @@ use super::finalizer;
 use super::lookup::vanished_node;
 use super::tell;
 use crate::controller::Context;
-use crate::controller::calls::{InFlight, call, delete_outcome, observe_call, provision_outcome};
+use crate::controller::calls::{InFlight, call, delete_outcome, fenced_provision, observe_call};
 use crate::controller::faults::Step;
 use crate::leader::NotLeader;
 use wasm_provisioner_rules::claim::ClaimView;
@@ -139,19 +139,9 @@ pub(super) async fn provision(attempt: &mut Attempt<'_>) -> Result<(), Error> {
             ),
         )
         .await;
-    let started = Instant::now();
-    let answer = ctx
-        .leadership
-        .fenced("guest provision call", module.provision(&request))
-        .await?;
+    let (started, answer) =
+        fenced_provision(ctx, &module, &request, "guest provision call").await?;
     attempt.share_permit = None;
-    observe_call(
-        ctx,
-        &module,
-        Call::Provision,
-        started,
-        provision_outcome(&answer),
-    );
     attempt.started = Some(started);
     attempt.answer = Some(answer);
     Ok(())

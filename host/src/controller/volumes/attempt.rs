@@ -11,7 +11,8 @@ use super::decision::{Deleted, Module, Rules, Snapshot, Stage};
 use super::key::key;
 use super::told;
 use crate::controller::Context;
-use crate::controller::claims::decision::{CallFailure, Lookup, Share};
+use crate::controller::calls::call_failure;
+use crate::controller::claims::decision::{Lookup, Share};
 use crate::controller::recent::VolumeStage;
 use crate::controller::shares::SharePermit;
 use wasm_provisioner_rules::types::{DeleteError, DeleteRequest};
@@ -102,15 +103,5 @@ impl<'c> Attempt<'c> {
             finalizer_removed: self.finalizer_removed,
             pv_deleted: self.pv_deleted,
         }
-    }
-}
-
-fn call_failure(error: &CallError) -> CallFailure {
-    if error.is_busy() {
-        CallFailure::Busy
-    } else if error.is_pool_full() {
-        CallFailure::PoolFull
-    } else {
-        CallFailure::Failed
     }
 }
