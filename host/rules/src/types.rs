@@ -1,8 +1,9 @@
 //! The guest contract's data types (the `types` interface of `wit/provisioner.wit`) as
 //! plain Rust, so the rules can build requests and check answers without wasmtime.
 //!
-//! Each type has the name, fields and cases the WIT gives it (kebab-case made Rust), and
-//! the WIT's comments are its documentation. The runtime converts these to and from its
+//! Each type has the name, fields and cases the WIT gives it (kebab-case made Rust); the
+//! WIT documents each field. Why the types exist twice: docs/design.md, "Crates by
+//! layer, and the contract's types twice". The runtime converts these to and from its
 //! generated bindings field by field (`host/runtime/src/contract.rs`): a field added to
 //! the WIT and not here, or here and not there, fails to compile.
 

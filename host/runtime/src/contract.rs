@@ -210,3 +210,178 @@ record!(DeleteRequest {
     class_parameters
 });
 cases!(DeleteError { Ignored(_), Failed(_), InBackground(_) });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> rules::StringMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn affinity() -> Vec<rules::NodeSelectorTerm> {
+        vec![rules::NodeSelectorTerm {
+            match_expressions: vec![rules::NodeSelectorRequirement {
+                key: "kubernetes.io/hostname".into(),
+                operator: "In".into(),
+                values: vec!["worker-1".into()],
+            }],
+        }]
+    }
+
+    /// Every field of a request survives the trip to the bindings and back.
+    #[test]
+    fn a_provision_request_survives_the_round_trip() {
+        let request = rules::ProvisionRequest {
+            volume_name: "pvc-1".into(),
+            claim: rules::Claim {
+                name: "data".into(),
+                namespace: "ns".into(),
+                uid: "u-1".into(),
+                labels: map(&[("app", "db")]),
+                annotations: map(&[("note", "x")]),
+                access_modes: vec![
+                    rules::AccessMode::ReadWriteOnce,
+                    rules::AccessMode::ReadWriteOncePod,
+                ],
+                requested_bytes: 1 << 30,
+                limit_bytes: Some(2 << 30),
+                volume_mode: rules::VolumeMode::Block,
+                data_source: Some(rules::DataSource {
+                    api_group: Some("snapshot.storage.k8s.io".into()),
+                    kind: "VolumeSnapshot".into(),
+                    name: "snap".into(),
+                    namespace: None,
+                }),
+                selector: Some(rules::LabelSelector {
+                    match_labels: map(&[("tier", "gold")]),
+                    match_expressions: vec![rules::LabelRequirement {
+                        key: "zone".into(),
+                        operator: "In".into(),
+                        values: vec!["a".into(), "b".into()],
+                    }],
+                }),
+            },
+            class: rules::Class {
+                name: "fast".into(),
+                parameters: map(&[("pathPattern", "x")]),
+                reclaim_policy: rules::ReclaimPolicy::Retain,
+                mount_options: vec!["noatime".into()],
+                allowed_topologies: vec![rules::TopologyTerm {
+                    requirements: vec![rules::TopologyRequirement {
+                        key: "zone".into(),
+                        values: vec!["a".into()],
+                    }],
+                }],
+                binding_mode: rules::BindingMode::WaitForFirstConsumer,
+            },
+            selected_node: Some(rules::Node {
+                name: "worker-1".into(),
+                labels: map(&[("kubernetes.io/hostname", "worker-1")]),
+            }),
+        };
+        let there: wit::ProvisionRequest = request.clone().mirror();
+        let back: rules::ProvisionRequest = there.mirror();
+        assert_eq!(back, request);
+    }
+
+    /// Every source kind, and a delete request carrying one, survive the round trip;
+    /// so do the answers' variants.
+    #[test]
+    fn sources_delete_requests_and_answers_survive_the_round_trip() {
+        let sources = [
+            rules::VolumeSource::HostPath(rules::HostPathSource {
+                path: "/var/lib/x/pvc-1".into(),
+                path_type: Some("DirectoryOrCreate".into()),
+            }),
+            rules::VolumeSource::Local(rules::LocalSource {
+                path: "/mnt/pvc-1".into(),
+                fs_type: Some("ext4".into()),
+            }),
+            rules::VolumeSource::Nfs(rules::NfsSource {
+                server: "nfs".into(),
+                path: "/export/pvc-1".into(),
+                read_only: true,
+            }),
+            rules::VolumeSource::Csi(rules::CsiSource {
+                driver: "d".into(),
+                volume_handle: "h".into(),
+                fs_type: None,
+                read_only: false,
+                volume_attributes: map(&[("a", "b")]),
+            }),
+            rules::VolumeSource::Iscsi(rules::IscsiSource {
+                target_portal: "10.0.0.1:3260".into(),
+                iqn: "iqn.x".into(),
+                lun: -1,
+                iscsi_interface: Some("default".into()),
+                fs_type: Some("xfs".into()),
+                read_only: true,
+                portals: vec!["10.0.0.2:3260".into()],
+            }),
+            rules::VolumeSource::Json(r#"{"cephfs":{}}"#.into()),
+        ];
+        for source in sources {
+            let delete = rules::DeleteRequest {
+                volume: rules::PublishedVolume {
+                    name: "pvc-1".into(),
+                    source: source.clone(),
+                    capacity_bytes: 5,
+                    labels: map(&[("l", "1")]),
+                    annotations: map(&[("a", "2")]),
+                    node_affinity: affinity(),
+                    claim_namespace: Some("ns".into()),
+                    claim_name: None,
+                },
+                class_name: "fast".into(),
+                class_parameters: map(&[("p", "v")]),
+            };
+            let there: wit::DeleteRequest = delete.clone().mirror();
+            assert_eq!(Mirror::<rules::DeleteRequest>::mirror(there), delete);
+
+            let volume = wit::Volume {
+                capacity_bytes: 7,
+                source: source.clone().mirror(),
+                node_affinity: affinity().mirror(),
+                labels: map(&[("l", "1")]),
+                annotations: vec![],
+                mount_options: vec!["ro".into()],
+                volume_mode: Some(wit::VolumeMode::Filesystem),
+            };
+            let answer: rules::Volume = volume.mirror();
+            assert_eq!(answer.source, source);
+            assert_eq!(answer.node_affinity, affinity());
+            assert_eq!(answer.volume_mode, Some(rules::VolumeMode::Filesystem));
+        }
+        let errors = [
+            wit::ProvisionError::Ignored("i".into()),
+            wit::ProvisionError::Failed("f".into()),
+            wit::ProvisionError::InBackground("b".into()),
+            wit::ProvisionError::Reschedule("r".into()),
+            wit::ProvisionError::Infeasible("n".into()),
+        ];
+        let expected = [
+            rules::ProvisionError::Ignored("i".into()),
+            rules::ProvisionError::Failed("f".into()),
+            rules::ProvisionError::InBackground("b".into()),
+            rules::ProvisionError::Reschedule("r".into()),
+            rules::ProvisionError::Infeasible("n".into()),
+        ];
+        for (error, want) in errors.into_iter().zip(expected) {
+            assert_eq!(Mirror::<rules::ProvisionError>::mirror(error), want);
+        }
+        let info = wit::PluginInfo {
+            name: "hostpath".into(),
+            version: "1.0.0".into(),
+            supports_block: false,
+            data_source_kinds: vec!["PersistentVolumeClaim".into()],
+        };
+        let mirrored: rules::PluginInfo = info.mirror();
+        assert_eq!(mirrored.data_source_kinds, ["PersistentVolumeClaim"]);
+        let delete_error: rules::DeleteError = wit::DeleteError::InBackground("x".into()).mirror();
+        assert_eq!(delete_error, rules::DeleteError::InBackground("x".into()));
+    }
+}
