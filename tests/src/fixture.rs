@@ -60,6 +60,19 @@ pub struct Fixture {
     classes: Vec<String>,
 }
 
+/// Runs a scenario on a fresh fixture. On failure it panics while the fixture is alive,
+/// so the fixture keeps its files and the host logs (and prints where they are).
+pub async fn scenario<F>(test: &str, body: F)
+where
+    F: AsyncFnOnce(&mut Fixture) -> anyhow::Result<()>,
+{
+    let mut fx = Fixture::new(test).await.expect("a fixture");
+    match body(&mut fx).await {
+        Ok(()) => fx.cleanup().await,
+        Err(error) => panic!("{error:?}"),
+    }
+}
+
 impl Fixture {
     pub async fn new(test: &str) -> anyhow::Result<Fixture> {
         let ctx = TestContext::new(test).await?;

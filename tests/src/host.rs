@@ -172,6 +172,18 @@ impl Host {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last 60 lines of the host's log and where the whole of it is, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = self.log_text();
+        let lines: Vec<&str> = log.lines().collect();
+        let start = lines.len().saturating_sub(60);
+        format!(
+            "last lines of the host log ({}):\n{}",
+            self.log.display(),
+            lines[start..].join("\n")
+        )
+    }
+
     fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {

@@ -22,37 +22,12 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::cluster::{wait_for, wait_for_every};
-use wasm_provisioner_tests::fixture::{Fixture, WAIT};
+use wasm_provisioner_tests::fixture::{Fixture, WAIT, scenario};
 use wasm_provisioner_tests::host::Host;
 
 const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
 const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
-
-/// Runs a scenario on a fresh fixture. On failure it panics while the fixture is alive,
-/// so the fixture keeps its files and the host logs (and prints where they are).
-async fn scenario<F>(test: &str, body: F)
-where
-    F: AsyncFnOnce(&mut Fixture) -> anyhow::Result<()>,
-{
-    let mut fx = Fixture::new(test).await.expect("a fixture");
-    match body(&mut fx).await {
-        Ok(()) => fx.cleanup().await,
-        Err(error) => panic!("{error:?}"),
-    }
-}
-
-/// The last lines of a host's log, for failure messages.
-fn log_tail(host: &Host) -> String {
-    let log = host.log_text();
-    let lines: Vec<&str> = log.lines().collect();
-    let start = lines.len().saturating_sub(60);
-    format!(
-        "last lines of the host log ({}):\n{}",
-        host.log.display(),
-        lines[start..].join("\n")
-    )
-}
 
 /// How many `provision` calls of module `echo` answered `outcome` so far.
 fn provision_answers(host: &Host, outcome: &str) -> f64 {
@@ -90,7 +65,7 @@ async fn answers_after_late_announcement(
         || async { Ok((provision_answers(host, outcome) >= 1.0).then_some(())) },
     )
     .await
-    .with_context(|| log_tail(host))?;
+    .with_context(|| host.log_tail())?;
     let first = Instant::now();
     let late = json!({ "metadata": { "annotations": {
         ANN_BETA_STORAGE_PROVISIONER: fx.provisioner,
@@ -138,7 +113,7 @@ async fn an_ignored_claim_is_asked_once() {
             answers.len() == 1,
             "the module was asked {} times in 10 s (at {answers:?} s), not once\n{}",
             answers.len(),
-            log_tail(&host)
+            host.log_tail()
         );
         Ok(())
     })
@@ -169,7 +144,7 @@ async fn an_infeasible_claim_waits_the_slow_interval() {
         ensure!(
             answers.len() == 2 && answers[1] >= 14.0,
             "asked at {answers:?} s: once, then again after the slow interval (15 s)\n{}",
-            log_tail(&host)
+            host.log_tail()
         );
         Ok(())
     })
@@ -207,7 +182,7 @@ async fn a_failing_claims_attempts_follow_the_back_off() {
                     .zip(expected)
                     .all(|(gap, want)| *gap >= want * 0.9 && *gap <= want + 1.5),
             "attempt gaps {gaps:?} s, not {expected:?} s\n{}",
-            log_tail(&host)
+            host.log_tail()
         );
         // Each failed attempt is counted by its error's kind.
         let sample =
@@ -245,7 +220,7 @@ async fn a_claim_held_after_its_class_was_deleted_says_why() {
             |c| c.is_some_and(|c| c.finalizers().iter().any(|f| f == FINALIZER_CLAIM)),
         )
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
 
         let classes: Api<StorageClass> = Api::all(fx.ctx.client.clone());
         let mut saved = classes.get(&class).await?;
@@ -270,7 +245,7 @@ async fn a_claim_held_after_its_class_was_deleted_says_why() {
             },
         )
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         eprintln!("the Event: {note}");
         ensure!(
             note.contains("recreate"),
@@ -292,7 +267,7 @@ async fn a_claim_held_after_its_class_was_deleted_says_why() {
         classes.create(&PostParams::default(), &saved).await?;
         fx.wait_claim("held", "gone once its class is back", |c| c.is_none())
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         Ok(())
     })
     .await;

@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::access::{Access, deploy_rules, without_verb};
 use wasm_provisioner_tests::cluster::wait_for;
-use wasm_provisioner_tests::fixture::{Fixture, WAIT};
+use wasm_provisioner_tests::fixture::{Fixture, WAIT, scenario};
 use wasm_provisioner_tests::host::Host;
 
 const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
@@ -21,31 +21,6 @@ const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer"
 
 fn has_finalizer<K: ResourceExt>(object: &K, finalizer: &str) -> bool {
     object.finalizers().iter().any(|f| f == finalizer)
-}
-
-/// Runs a scenario on a fresh fixture. On failure it panics while the fixture is alive,
-/// so the fixture keeps its files and the host logs (and prints where they are).
-async fn scenario<F>(test: &str, body: F)
-where
-    F: AsyncFnOnce(&mut Fixture) -> anyhow::Result<()>,
-{
-    let mut fx = Fixture::new(test).await.expect("a fixture");
-    match body(&mut fx).await {
-        Ok(()) => fx.cleanup().await,
-        Err(error) => panic!("{error:?}"),
-    }
-}
-
-/// The last lines of a host's log, for failure messages.
-fn log_tail(host: &Host) -> String {
-    let log = host.log_text();
-    let lines: Vec<&str> = log.lines().collect();
-    let start = lines.len().saturating_sub(40);
-    format!(
-        "last lines of the host log ({}):\n{}",
-        host.log.display(),
-        lines[start..].join("\n")
-    )
 }
 
 /// How many calls `call` of `module` ended with `outcome` (0 before the first).
@@ -140,7 +115,7 @@ async fn deploy_rbac_is_enough() {
             Ok((host.metric("wasm_provisioner_leader") == Some(1.0)).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         let lease = Api::<Lease>::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace)
             .get(&fx.provisioner.replace('/', "-"))
             .await
@@ -155,13 +130,13 @@ async fn deploy_rbac_is_enough() {
         let pv = fx
             .wait_bound("data")
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         let pv_name = pv.name_any();
         ensure!(pv_name == format!("pvc-{}", claim.uid().unwrap_or_default()));
         let note = fx
             .wait_claim_event("data", "ProvisioningSucceeded")
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         ensure!(note.contains(&pv_name), "{note}");
         fx.wait_claim("data", "our finalizer removed", |c| {
             c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
@@ -172,16 +147,16 @@ async fn deploy_rbac_is_enough() {
             Ok(has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
 
         fx.claims().delete("data", &DeleteParams::default()).await?;
         fx.wait_volume_gone(&pv_name)
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         ensure!(
             guest_calls(&host, "delete", "echo", "ok") == 1.0,
             "the backend volume was deleted through the plugin\n{}",
-            log_tail(&host)
+            host.log_tail()
         );
 
         // Nothing was refused on the way, Events included (a refused Event is only
@@ -191,7 +166,7 @@ async fn deploy_rbac_is_enough() {
             ensure!(
                 !log.to_lowercase().contains(refused),
                 "the host was refused something ({refused:?}): the deploy RBAC is not enough\n{}",
-                log_tail(&host)
+                host.log_tail()
             );
         }
         drop(host);
@@ -232,7 +207,7 @@ async fn pv_that_cannot_be_saved_is_cleaned_up() {
             n.contains("backend volume was deleted")
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         ensure!(note.contains(&pv_name), "the note names the volume: {note}");
         ensure!(note.contains("2 tries"), "two tries to save the PV: {note}");
         ensure!(
@@ -243,7 +218,7 @@ async fn pv_that_cannot_be_saved_is_cleaned_up() {
             n.contains("gave up")
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         ensure!(note.contains("3 failed attempts"), "{note}");
 
         // The plugin made the directory each round and the host deleted it each round.
@@ -252,13 +227,13 @@ async fn pv_that_cannot_be_saved_is_cleaned_up() {
         ensure!(
             made >= 1.0 && made == deleted,
             "every volume made was deleted: {made} provisioned, {deleted} deleted\n{}",
-            log_tail(&host)
+            host.log_tail()
         );
         ensure!(
             !dir.exists(),
             "{} survived a PV that could not be saved\n{}",
             dir.display(),
-            log_tail(&host)
+            host.log_tail()
         );
         ensure!(
             std::fs::read_dir(fx.module_data("hostpath"))?
@@ -274,7 +249,7 @@ async fn pv_that_cannot_be_saved_is_cleaned_up() {
             c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         let claim = fx.claims().get("data").await?;
         ensure!(
             claim.spec.and_then(|s| s.volume_name).is_none(),
@@ -315,7 +290,7 @@ async fn a_pv_stored_despite_failed_saves_keeps_its_backend_volume() {
                 .then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         // Stored meanwhile, for this very claim (its UID in claimRef).
         let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
             "metadata": { "name": pv_name, "annotations": {
@@ -338,19 +313,19 @@ async fn a_pv_stored_despite_failed_saves_keeps_its_backend_volume() {
         fx.volumes().create(&PostParams::default(), &pv).await?;
         fx.wait_bound("data")
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         fx.wait_claim("data", "our finalizer removed", |c| {
             c.is_some_and(|c| !has_finalizer(c, FINALIZER_CLAIM))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         // Past the last try and the last look: the volume is still there.
         tokio::time::sleep(Duration::from_secs(6)).await;
         ensure!(
             dir.is_dir(),
             "{} was deleted under a live PV\n{}",
             dir.display(),
-            log_tail(&host)
+            host.log_tail()
         );
         let deleted = guest_calls(&host, "delete", "hostpath", "ok");
         ensure!(deleted == 0.0, "no backend delete: {deleted}");
@@ -384,7 +359,7 @@ async fn cleanup_failure_keeps_the_claim_protected() {
         let note = fx
             .wait_claim_event("data", "ProvisioningCleanupFailed")
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         ensure!(
             note.contains("please delete") || note.contains("delete the volume manually"),
             "the note tells the user what to do: {note}"
@@ -408,14 +383,14 @@ async fn cleanup_failure_keeps_the_claim_protected() {
                 .then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         // ...and the claim stays, protected, all along.
         let watched = Instant::now();
         while watched.elapsed() < Duration::from_secs(4) {
             let claim = fx.claims().get_opt("data").await?.ok_or_else(|| {
                 anyhow!(
                     "the claim vanished with its backend volume\n{}",
-                    log_tail(&host)
+                    host.log_tail()
                 )
             })?;
             ensure!(
@@ -425,7 +400,7 @@ async fn cleanup_failure_keeps_the_claim_protected() {
             ensure!(
                 has_finalizer(&claim, FINALIZER_CLAIM),
                 "the deleted claim keeps our finalizer\n{}",
-                log_tail(&host)
+                host.log_tail()
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -462,19 +437,19 @@ async fn failed_delete_is_reported_and_retried() {
         let pv_name = fx
             .wait_bound("data")
             .await
-            .with_context(|| log_tail(&host))?
+            .with_context(|| host.log_tail())?
             .name_any();
         let volumes = fx.volumes();
         wait_for("the PV protection finalizer", WAIT, || async {
             Ok(has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
 
         fx.claims().delete("data", &DeleteParams::default()).await?;
         let note = wait_event(fx, "default", &pv_name, "VolumeFailedDelete", |_| true)
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         ensure!(
             note.contains("echo: failed"),
             "the note has the plugin's message: {note}"
@@ -483,12 +458,12 @@ async fn failed_delete_is_reported_and_retried() {
             Ok((guest_calls(&host, "delete", "echo", "failed") >= 2.0).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         let note = wait_event(fx, "default", &pv_name, "VolumeFailedDelete", |n| {
             n.contains("gave up")
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         ensure!(
             note.contains("gave up after 3 failed attempts (--failed-delete-threshold)")
                 && note.contains("echo: failed")
@@ -527,14 +502,14 @@ async fn failed_delete_is_reported_and_retried() {
             Ok((!has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV)).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         // No delete is attempted any more (a retry already scheduled finds Retain).
         let failed = guest_calls(&host, "delete", "echo", "failed");
         tokio::time::sleep(Duration::from_secs(6)).await;
         ensure!(
             guest_calls(&host, "delete", "echo", "failed") == failed,
             "a Retain volume must not be deleted\n{}",
-            log_tail(&host)
+            host.log_tail()
         );
         ensure!(guest_calls(&host, "delete", "echo", "ok") == 0.0);
 
@@ -561,14 +536,14 @@ async fn module_missing_at_delete_time_keeps_the_volume() {
         let pv_name = fx
             .wait_bound("data")
             .await
-            .with_context(|| log_tail(&host))?
+            .with_context(|| host.log_tail())?
             .name_any();
         let volumes = fx.volumes();
         wait_for("the PV protection finalizer", WAIT, || async {
             Ok(has_finalizer(&volumes.get(&pv_name).await?, FINALIZER_PV).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
 
         fx.remove_module("echo");
         wait_for(
@@ -581,12 +556,12 @@ async fn module_missing_at_delete_time_keeps_the_volume() {
             },
         )
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
 
         fx.claims().delete("data", &DeleteParams::default()).await?;
         let note = wait_event(fx, "default", &pv_name, "VolumeFailedDelete", |_| true)
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         ensure!(note.contains("echo"), "the note names the module: {note}");
         // Kept while the module is missing, through more than one retry.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -603,11 +578,11 @@ async fn module_missing_at_delete_time_keeps_the_volume() {
         fx.install_module("test-echo", "echo");
         fx.wait_volume_gone(&pv_name)
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         ensure!(
             guest_calls(&host, "delete", "echo", "ok") == 1.0,
             "the module that came back deleted the backend volume\n{}",
-            log_tail(&host)
+            host.log_tail()
         );
         drop(host);
         Ok(())
@@ -652,7 +627,7 @@ async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
             n.contains("not this claim's live volume")
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         ensure!(
             dir.is_dir(),
             "the module made the backend volume {}",
@@ -662,12 +637,12 @@ async fn foreign_pv_with_our_name_does_not_leak_the_backend_volume() {
         fx.claims().delete("data", &DeleteParams::default()).await?;
         fx.wait_claim("data", "gone", |c| c.is_none())
             .await
-            .with_context(|| log_tail(&host))?;
+            .with_context(|| host.log_tail())?;
         wait_for("the backend volume deleted", WAIT, || async {
             Ok((!dir.exists()).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         // The foreign PV is untouched.
         ensure!(fx.volumes().get_opt(&pv_name).await?.is_some());
         let _ = fx
@@ -711,7 +686,7 @@ async fn the_volume_protection_finalizer_can_be_turned_off_and_rolled_back() {
             Ok((!has_finalizer(&pv, FINALIZER_PV)).then_some(()))
         })
         .await
-        .with_context(|| log_tail(&host))?;
+        .with_context(|| host.log_tail())?;
         Ok(())
     })
     .await;
