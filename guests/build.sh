@@ -105,11 +105,11 @@ for app in python/*/app.py; do
     guest_dir="$(dirname "$app")"
     name="$(basename "$guest_dir")"
     [ "$name" = sdk ] && continue
-    key="$(digest python/requirements.txt ../wit/*.wit python/sdk/*.py "$guest_dir"/*.py)"
+    key="$(digest python/requirements.txt ../wit/0.1.0/*.wit python/sdk/*.py "$guest_dir"/*.py)"
     built="$cache/polyglot-guests/$name-py-$key.wasm"
     if [ ! -f "$built" ]; then
         echo "build.sh: componentize-py $guest_dir" >&2
-        "${componentize_py[@]}" -d ../wit -w provisioner componentize \
+        "${componentize_py[@]}" -d ../wit/0.1.0 -w provisioner componentize \
             -p "$guest_dir" -p python/sdk app -o "$built.tmp.$$" >&2
         mv -f "$built.tmp.$$" "$built"
     fi
@@ -128,11 +128,11 @@ ln -sfn "$node_modules/node_modules" js/node_modules
 for app in js/*/app.js; do
     guest_dir="$(dirname "$app")"
     name="$(basename "$guest_dir")-js"
-    key="$(digest js/package-lock.json js/componentize.mjs js/world.wit ../wit/*.wit js/sdk/*.js "$guest_dir"/*.js)"
+    key="$(digest js/package-lock.json js/componentize.mjs js/world.wit ../wit/0.1.0/*.wit js/sdk/*.js "$guest_dir"/*.js)"
     built="$cache/polyglot-guests/$name-$key.wasm"
     if [ ! -f "$built" ]; then
         echo "build.sh: componentize-js $guest_dir" >&2
-        node js/componentize.mjs "$app" "$built.tmp.$$" ../wit >&2
+        node js/componentize.mjs "$app" "$built.tmp.$$" ../wit/0.1.0 >&2
         mv -f "$built.tmp.$$" "$built"
     fi
     put_in_dist "$name" "$built"

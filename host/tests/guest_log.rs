@@ -226,8 +226,11 @@ async fn dropped_bytes_are_counted_per_module() {
             mount_options: vec![],
             allowed_topologies: vec![],
             binding_mode: BindingMode::Immediate,
+            allow_volume_expansion: false,
         },
         selected_node: None,
+        secret: None,
+        context: Default::default(),
     };
     let answer = module.provision(&request).await.expect("the call succeeds");
     assert!(matches!(answer, Err(ProvisionError::Failed(_))));

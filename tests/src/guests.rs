@@ -87,6 +87,17 @@ pub fn module(name: &str) -> PathBuf {
     path
 }
 
+/// A guest build kept in `guests/fixtures/` (such as `hostpath-0.1.0`, the last 0.1
+/// contract build of hostpath). Panics if there is no such file.
+pub fn fixture(name: &str) -> PathBuf {
+    let path = repo_root()
+        .join("guests")
+        .join("fixtures")
+        .join(format!("{name}.wasm"));
+    assert!(path.is_file(), "no guest fixture {}", path.display());
+    path
+}
+
 /// Copies the built guest `name` into the modules directory `dir` as `<as_name>.wasm`
 /// (write-then-rename, so a watcher never sees a half-written module). Panics on failure.
 pub fn copy_module(name: &str, dir: &Path, as_name: &str) {
@@ -127,8 +138,11 @@ pub fn provision_request(parameters: &[(&str, &str)]) -> ProvisionRequest {
             mount_options: vec![],
             allowed_topologies: vec![],
             binding_mode: BindingMode::Immediate,
+            allow_volume_expansion: false,
         },
         selected_node: None,
+        secret: None,
+        context: Default::default(),
     }
 }
 

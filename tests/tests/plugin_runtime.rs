@@ -38,6 +38,8 @@ fn delete_request(
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        secret: None,
+        context: Default::default(),
     }
 }
 

@@ -22,6 +22,7 @@ const KNOWN: &[&str] = &[
     "pvType",
     "onDelete",
     "deleteChunkEntries",
+    "maxSize",
 ];
 const DEFAULT_GUEST_ROOT: &str = "/volumes";
 const ON_DELETE: &[&str] = &["delete", "archive", "retain"];
@@ -40,18 +41,60 @@ pub struct Plan {
     pub volume: Volume,
 }
 
+/// A class's parameters, checked.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Settings<'a> {
+    pub guest_root: String,
+    pub node_path: String,
+    pub pv_type: &'a str,
+    pub on_delete: &'a str,
+    /// The class's `node`: every volume on this node.
+    pub pinned_node: Option<&'a str>,
+    /// The class's `maxSize`: no volume (nor expansion) beyond it.
+    pub max_size: Option<u64>,
+}
+
+/// Checks a class's parameters: what `validate-class` answers, and where `provision`,
+/// `expand` and `get-capacity` start.
+pub fn settings<'a>(params: &Params<'a>) -> Result<Settings<'a>, ParamError> {
+    params.reject_unknown(KNOWN)?;
+    let settings = Settings {
+        guest_root: params.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?,
+        node_path: params.absolute_path("nodePath", None, NODE_PATH_HINT)?,
+        pv_type: params.one_of("pvType", &["hostPath", "local"], "hostPath")?,
+        on_delete: params.one_of("onDelete", ON_DELETE, "delete")?,
+        pinned_node: params.get("node"),
+        max_size: params.bytes("maxSize")?,
+    };
+    sdk::fs::Budget::from_params(params)?;
+    if let Some(pinned) = settings.pinned_node.filter(|n| !is_node_name(n)) {
+        return Err(ParamError(format!(
+            "StorageClass parameter `node` is {pinned:?}: set it to a node name"
+        )));
+    }
+    Ok(settings)
+}
+
 /// Validates the request and works out the directory and the volume.
 pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
     let params = Params::new(&req.class.parameters);
-    params.reject_unknown(KNOWN)?;
-    let guest_root = params.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?;
-    let node_path = params.absolute_path("nodePath", None, NODE_PATH_HINT)?;
-    let pv_type = params.one_of("pvType", &["hostPath", "local"], "hostPath")?;
-    let on_delete = params.one_of("onDelete", ON_DELETE, "delete")?;
-    sdk::fs::Budget::from_params(&params)?;
+    let Settings {
+        guest_root,
+        node_path,
+        pv_type,
+        on_delete,
+        pinned_node,
+        max_size,
+    } = settings(&params)?;
     let name = path::check_pv_name(&req.volume_name)?;
 
     let claim = &req.claim;
+    if let Some(max) = max_size.filter(|max| claim.requested_bytes > *max) {
+        return Err(ProvisionError::Infeasible(format!(
+            "the claim asks for {} bytes, more than the class's maxSize ({max} bytes)",
+            claim.requested_bytes
+        )));
+    }
     if claim.volume_mode == VolumeMode::Block {
         return Err(ProvisionError::Infeasible(
             "hostpath makes filesystem volumes only: volumeMode Block is not supported".into(),
@@ -69,12 +112,7 @@ pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
     }
 
     let selected = req.selected_node.as_ref().map(|n| n.name.as_str());
-    let node = match (params.get("node"), selected) {
-        (Some(pinned), _) if !is_node_name(pinned) => {
-            return Err(ProvisionError::Infeasible(format!(
-                "StorageClass parameter `node` is {pinned:?}: set it to a node name"
-            )));
-        }
+    let node = match (pinned_node, selected) {
         (Some(pinned), Some(sel)) if pinned != sel => {
             return Err(ProvisionError::Reschedule(format!(
                 "node {sel} cannot host this volume: the class pins its volumes to node \
@@ -247,7 +285,78 @@ impl Provisioner for HostPath {
     }
 }
 
-sdk::export!(HostPath);
+impl ClassValidator for HostPath {
+    fn validate_class(class: &Class) -> Result<(), String> {
+        let settings = settings(&Params::new(&class.parameters))?;
+        if settings.pv_type == "local"
+            && settings.pinned_node.is_none()
+            && class.binding_mode == BindingMode::Immediate
+        {
+            return Err(
+                "pvType local needs a node: set StorageClass parameter `node`, or use \
+                        volumeBindingMode: WaitForFirstConsumer"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Expander for HostPath {
+    /// A directory has no size: the new size is checked against `maxSize` and the free
+    /// space of the granted filesystem, then recorded (on the PV, by the host), not
+    /// enforced.
+    fn expand(req: &ExpandRequest) -> Result<u64, ExpandError> {
+        let name = path::check_pv_name(&req.volume.name)?;
+        let params = Params::new(&req.class_parameters);
+        let settings = settings(&params)?;
+        if let Some(max) = settings.max_size.filter(|max| req.requested_bytes > *max) {
+            return Err(ExpandError::Infeasible(format!(
+                "the claim asks for {} bytes, more than the class's maxSize ({max} bytes)",
+                req.requested_bytes
+            )));
+        }
+        let dir = path::join(&settings.guest_root, name);
+        match fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(ExpandError::Failed(format!("{dir} is not a directory"))),
+            Err(e) => return Err(ExpandError::Failed(format!("checking {dir}: {e}"))),
+        }
+        let growth = req
+            .requested_bytes
+            .saturating_sub(req.volume.capacity_bytes);
+        let stats =
+            sdk::filesystem::stat_filesystem(&settings.guest_root).map_err(ExpandError::Failed)?;
+        if growth > stats.available_bytes {
+            return Err(ExpandError::Infeasible(format!(
+                "growing the volume by {growth} bytes needs more than the {} bytes free on \
+                 the filesystem of {}",
+                stats.available_bytes, settings.guest_root
+            )));
+        }
+        log::info!(
+            "volume expanded (its size is recorded, not enforced)",
+            volume = name,
+            bytes = req.requested_bytes
+        );
+        Ok(req.requested_bytes)
+    }
+}
+
+impl CapacityReporter for HostPath {
+    /// The granted filesystem's size and free space; `maxSize` bounds one volume.
+    fn get_capacity(req: &CapacityRequest) -> Result<BackendCapacity, String> {
+        let settings = settings(&Params::new(&req.class.parameters))?;
+        let stats = sdk::filesystem::stat_filesystem(&settings.guest_root)?;
+        Ok(BackendCapacity {
+            total_bytes: stats.total_bytes,
+            available_bytes: stats.available_bytes,
+            maximum_volume_bytes: settings.max_size.filter(|max| *max < stats.available_bytes),
+        })
+    }
+}
+
+sdk::export!(HostPath, capabilities: [expand, report_capacity, validate_class]);
 
 #[cfg(test)]
 mod tests;

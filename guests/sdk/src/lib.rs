@@ -15,7 +15,11 @@
 //! ```
 //!
 //! Build the crate as a `cdylib` for `wasm32-wasip2`; the output is a component for the
-//! `wasm-provisioner:plugin/provisioner` world (`wit/provisioner.wit`).
+//! `wasm-provisioner:plugin/plugin@0.2.0` world (`wit/0.2.0/provisioner.wit`).
+//!
+//! Optional capabilities are traits ([`Expander`], [`CapacityReporter`],
+//! [`ClassValidator`]) named in [`export!`], which exports their interfaces and lists
+//! them in `describe`: `sdk::export!(Mine, capabilities: [expand, validate_class]);`.
 //!
 //! Every call runs in a fresh instance: keep no state between calls. Every call may be
 //! repeated: be idempotent by PV name. Claim names, labels and annotations are hostile
@@ -25,18 +29,67 @@
 //! stderr instead of the host, so a plugin's logic can be unit-tested with plain
 //! `#[test]`s and the request builders in [`testing`].
 
+/// The contract's world: the imports and the `provisioner` interface every plugin
+/// exports.
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
-        world: "provisioner",
+        path: "../../wit/0.2.0",
+        world: "plugin",
         pub_export_macro: true,
-        export_macro_name: "__export_provisioner",
+        export_macro_name: "__export_plugin",
         default_bindings_module: "wasm_provisioner_sdk::bindings",
         additional_derives: [PartialEq, Eq],
     });
 }
 
+/// The optional capabilities' interfaces, each in bindings of its own with an export
+/// macro of its own: a plugin exports (and describes to `wit-component`) only those it
+/// names in [`export!`], because the section that tells `wit-component` about an export
+/// is emitted where its macro is used. The types are the contract's, shared.
+#[doc(hidden)]
+pub mod capabilities {
+    pub mod expander {
+        wit_bindgen::generate!({
+            path: "../../wit/0.2.0",
+            inline: "package wasm-provisioner:sdk;
+                     world expander { export wasm-provisioner:plugin/expander@0.2.0; }",
+            world: "wasm-provisioner:sdk/expander",
+            with: { "wasm-provisioner:plugin/types@0.2.0": crate::types },
+            pub_export_macro: true,
+            export_macro_name: "__export_expander",
+            default_bindings_module: "wasm_provisioner_sdk::capabilities::expander",
+        });
+    }
+
+    pub mod capacity_reporter {
+        wit_bindgen::generate!({
+            path: "../../wit/0.2.0",
+            inline: "package wasm-provisioner:sdk;
+                     world capacity-reporter { export wasm-provisioner:plugin/capacity-reporter@0.2.0; }",
+            world: "wasm-provisioner:sdk/capacity-reporter",
+            with: { "wasm-provisioner:plugin/types@0.2.0": crate::types },
+            pub_export_macro: true,
+            export_macro_name: "__export_capacity_reporter",
+            default_bindings_module: "wasm_provisioner_sdk::capabilities::capacity_reporter",
+        });
+    }
+
+    pub mod class_validator {
+        wit_bindgen::generate!({
+            path: "../../wit/0.2.0",
+            inline: "package wasm-provisioner:sdk;
+                     world class-validator { export wasm-provisioner:plugin/class-validator@0.2.0; }",
+            world: "wasm-provisioner:sdk/class-validator",
+            with: { "wasm-provisioner:plugin/types@0.2.0": crate::types },
+            pub_export_macro: true,
+            export_macro_name: "__export_class_validator",
+            default_bindings_module: "wasm_provisioner_sdk::capabilities::class_validator",
+        });
+    }
+}
+
+pub mod filesystem;
 pub mod fs;
 pub mod log;
 pub mod params;
@@ -51,17 +104,18 @@ pub mod types {
 }
 
 pub use types::{
-    AccessMode, BindingMode, Claim, Class, CsiSource, DataSource, DeleteError, DeleteRequest,
+    AccessMode, BackendCapacity, BindingMode, CallContext, Capability, CapacityRequest, Claim,
+    Class, CsiSource, DataSource, DeleteError, DeleteRequest, ExpandError, ExpandRequest,
     HostPathSource, IscsiSource, LabelRequirement, LabelSelector, LocalSource, NfsSource, Node,
     NodeSelectorRequirement, NodeSelectorTerm, PluginInfo, ProvisionError, ProvisionRequest,
-    PublishedVolume, ReclaimPolicy, StringMap, TopologyRequirement, TopologyTerm, Volume,
+    PublishedVolume, ReclaimPolicy, Secret, StringMap, TopologyRequirement, TopologyTerm, Volume,
     VolumeMode, VolumeSource,
 };
 
 /// Everything a plugin usually needs: `use wasm_provisioner_sdk::prelude::*;`.
 pub mod prelude {
     pub use crate::types::*;
-    pub use crate::{ParamError, Params, Provisioner};
+    pub use crate::{CapacityReporter, ClassValidator, Expander, ParamError, Params, Provisioner};
 }
 
 /// A provisioner plugin. All functions are associated functions: there is no instance
@@ -91,18 +145,47 @@ pub trait Provisioner {
     fn delete(request: &DeleteRequest) -> Result<(), DeleteError>;
 }
 
-/// Exports a [`Provisioner`] implementation as the component's `provisioner` world.
-/// Use it once per plugin crate, at the crate root: `wasm_provisioner_sdk::export!(Mine);`.
+/// Capability `expand`: grows volumes of classes with `allowVolumeExpansion: true`.
+pub trait Expander {
+    /// Grows the backend volume `request.volume.name` to at least
+    /// `request.requested_bytes` (idempotently: a volume already that big answers its
+    /// size) and answers its new capacity in bytes.
+    fn expand(request: &ExpandRequest) -> Result<u64, ExpandError>;
+}
+
+/// Capability `report-capacity`: the backend's space, for metrics and the scheduler.
+pub trait CapacityReporter {
+    fn get_capacity(request: &CapacityRequest) -> Result<BackendCapacity, String>;
+}
+
+/// Capability `validate-class`: refuses a StorageClass whose parameters this plugin
+/// cannot serve, before a claim of it fails. The message is shown to the admin.
+pub trait ClassValidator {
+    fn validate_class(class: &Class) -> Result<(), String>;
+}
+
+/// Exports a [`Provisioner`] implementation, and the optional capabilities it has, as
+/// the component's contract. Use it once per plugin crate, at the crate root:
+/// `wasm_provisioner_sdk::export!(Mine);`, or with capabilities (each one a trait the
+/// type implements): `export!(Mine, capabilities: [expand, report_capacity,
+/// validate_class]);`. `describe`'s capability list is filled in to match.
 #[macro_export]
 macro_rules! export {
     ($ty:ty) => {
+        $crate::export!($ty, capabilities: []);
+    };
+    ($ty:ty, capabilities: [$($capability:ident),* $(,)?]) => {
         const _: () = {
             struct __WasmProvisionerExport;
 
-            impl $crate::bindings::Guest for __WasmProvisionerExport {
+            impl $crate::bindings::exports::wasm_provisioner::plugin::provisioner::Guest
+                for __WasmProvisionerExport
+            {
                 fn describe() -> $crate::PluginInfo {
                     $crate::__private::enter();
-                    <$ty as $crate::Provisioner>::describe()
+                    let mut info = <$ty as $crate::Provisioner>::describe();
+                    info.capabilities = ::std::vec![$($crate::__capability!($capability)),*];
+                    info
                 }
                 fn should_provision(request: $crate::ProvisionRequest) -> bool {
                     $crate::__private::enter();
@@ -126,11 +209,87 @@ macro_rules! export {
                 }
             }
 
-            $crate::bindings::__export_provisioner!(
+            $crate::bindings::__export_plugin!(
                 __WasmProvisionerExport with_types_in $crate::bindings
             );
+
+            $($crate::__export_capability!($capability, $ty, __WasmProvisionerExport);)*
         };
     };
+}
+
+/// The [`Capability`] a name in [`export!`] stands for.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __capability {
+    (expand) => {
+        $crate::Capability::Expand
+    };
+    (report_capacity) => {
+        $crate::Capability::ReportCapacity
+    };
+    (validate_class) => {
+        $crate::Capability::ValidateClass
+    };
+    ($other:ident) => {
+        ::core::compile_error!(concat!(
+            "unknown capability `",
+            stringify!($other),
+            "`: use expand, report_capacity or validate_class"
+        ))
+    };
+}
+
+/// Exports one optional capability's interface, implemented by the plugin's trait.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_capability {
+    (expand, $ty:ty, $export:ident) => {
+        impl $crate::capabilities::expander::exports::wasm_provisioner::plugin::expander::Guest
+            for $export
+        {
+            fn expand(
+                request: $crate::ExpandRequest,
+            ) -> ::core::result::Result<u64, $crate::ExpandError> {
+                $crate::__private::enter();
+                <$ty as $crate::Expander>::expand(&request)
+            }
+        }
+        $crate::capabilities::expander::__export_expander!(
+            $export with_types_in $crate::capabilities::expander
+        );
+    };
+    (report_capacity, $ty:ty, $export:ident) => {
+        impl $crate::capabilities::capacity_reporter::exports::wasm_provisioner::plugin::capacity_reporter::Guest
+            for $export
+        {
+            fn get_capacity(
+                request: $crate::CapacityRequest,
+            ) -> ::core::result::Result<$crate::BackendCapacity, ::std::string::String> {
+                $crate::__private::enter();
+                <$ty as $crate::CapacityReporter>::get_capacity(&request)
+            }
+        }
+        $crate::capabilities::capacity_reporter::__export_capacity_reporter!(
+            $export with_types_in $crate::capabilities::capacity_reporter
+        );
+    };
+    (validate_class, $ty:ty, $export:ident) => {
+        impl $crate::capabilities::class_validator::exports::wasm_provisioner::plugin::class_validator::Guest
+            for $export
+        {
+            fn validate_class(
+                class: $crate::Class,
+            ) -> ::core::result::Result<(), ::std::string::String> {
+                $crate::__private::enter();
+                <$ty as $crate::ClassValidator>::validate_class(&class)
+            }
+        }
+        $crate::capabilities::class_validator::__export_class_validator!(
+            $export with_types_in $crate::capabilities::class_validator
+        );
+    };
+    ($other:ident, $ty:ty, $export:ident) => {};
 }
 
 #[doc(hidden)]
@@ -160,6 +319,7 @@ impl PluginInfo {
             version: version.to_string(),
             supports_block: false,
             data_source_kinds: Vec::new(),
+            capabilities: Vec::new(),
         }
     }
 }
@@ -228,6 +388,15 @@ impl ProvisionError {
             | ProvisionError::InBackground(m)
             | ProvisionError::Reschedule(m)
             | ProvisionError::Infeasible(m) => m,
+        }
+    }
+}
+
+impl ExpandError {
+    /// The message, whatever the outcome.
+    pub fn message(&self) -> &str {
+        match self {
+            ExpandError::Failed(m) | ExpandError::InBackground(m) | ExpandError::Infeasible(m) => m,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! StorageClass parameters: lookup with defaults, required keys, enums, booleans, typos.
 //!
 //! An empty value counts as absent. Every error names the parameter and says what to set;
-//! it converts into [`ProvisionError::Infeasible`] (the class is wrong: retrying as is
-//! cannot help) or [`DeleteError::Failed`].
+//! it converts into [`ProvisionError::Infeasible`] and [`ExpandError::Infeasible`] (the
+//! class is wrong: retrying as is cannot help), [`DeleteError::Failed`], or the message
+//! of a `validate-class` or `get-capacity` refusal.
 
-use crate::{DeleteError, ProvisionError};
+use crate::{DeleteError, ExpandError, ProvisionError};
 use std::fmt;
 
 /// A parameter that is missing or malformed; the message names it and says what to set.
@@ -29,6 +30,46 @@ impl From<ParamError> for DeleteError {
     fn from(e: ParamError) -> Self {
         DeleteError::Failed(e.0)
     }
+}
+
+impl From<ParamError> for ExpandError {
+    fn from(e: ParamError) -> Self {
+        ExpandError::Infeasible(e.0)
+    }
+}
+
+impl From<ParamError> for String {
+    fn from(e: ParamError) -> Self {
+        e.0
+    }
+}
+
+/// Bytes of a Kubernetes quantity with an integer value: `1073741824`, `10Gi`, `500M`
+/// (binary suffixes Ki Mi Gi Ti Pi Ei, decimal k M G T P E). `None` when malformed or
+/// beyond `u64`.
+pub fn parse_bytes(quantity: &str) -> Option<u64> {
+    const SUFFIXES: [(&str, u64); 12] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("Pi", 1 << 50),
+        ("Ei", 1 << 60),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("P", 1_000_000_000_000_000),
+        ("E", 1_000_000_000_000_000_000),
+    ];
+    let (digits, factor) = SUFFIXES
+        .iter()
+        .find_map(|(suffix, factor)| quantity.strip_suffix(suffix).map(|d| (d, *factor)))
+        .unwrap_or((quantity, 1));
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(factor)
 }
 
 /// A view of a string map of parameters.
@@ -117,6 +158,19 @@ impl<'a> Params<'a> {
         })
     }
 
+    /// A size parameter in bytes, written as a Kubernetes quantity (`10Gi`, `500M`, see
+    /// [`parse_bytes`]); `None` when absent.
+    pub fn bytes(&self, key: &str) -> Result<Option<u64>, ParamError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => parse_bytes(v).map(Some).ok_or_else(|| {
+                ParamError(format!(
+                    "StorageClass parameter `{key}` is {v:?}: set it to a size such as 10Gi or 500M"
+                ))
+            }),
+        }
+    }
+
     /// Refuses keys outside `known` (catches typos such as `nodepath`).
     pub fn reject_unknown(&self, known: &[&str]) -> Result<(), ParamError> {
         let unknown: Vec<&str> = self
@@ -198,6 +252,21 @@ mod tests {
         assert_eq!(p.bool("b", true), Ok(false));
         assert_eq!(p.bool("none", true), Ok(true));
         assert!(p.bool("bad", true).unwrap_err().0.contains("true or false"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("10Gi"), Some(10 << 30));
+        assert_eq!(parse_bytes("500M"), Some(500_000_000));
+        assert_eq!(parse_bytes("1024"), Some(1024));
+        for bad in ["", "Gi", "1.5Gi", "-1", "10 Gi", "10GB", "99999999999Ei"] {
+            assert_eq!(parse_bytes(bad), None, "{bad}");
+        }
+        let m = map(&[("maxSize", "2Gi"), ("bad", "lots")]);
+        let p = Params::new(&m);
+        assert_eq!(p.bytes("maxSize"), Ok(Some(2 << 30)));
+        assert_eq!(p.bytes("none"), Ok(None));
+        assert!(p.bytes("bad").unwrap_err().0.contains("`bad` is \"lots\""));
     }
 
     #[test]

@@ -34,6 +34,12 @@ impl From<PathError> for crate::DeleteError {
     }
 }
 
+impl From<PathError> for crate::ExpandError {
+    fn from(e: PathError) -> Self {
+        crate::ExpandError::Failed(e.0)
+    }
+}
+
 /// Checks that `name` is safe as one path component: not empty, not `.` or `..`, no `/`,
 /// no NUL, no other control character, at most [`NAME_MAX`] bytes.
 pub fn check_component(name: &str) -> Result<&str, PathError> {

@@ -30,7 +30,8 @@ pub fn claim(namespace: &str, name: &str) -> Claim {
     }
 }
 
-/// An Immediate class `test-class` with reclaim policy Delete and `parameters`.
+/// An Immediate class `test-class` with reclaim policy Delete, volume expansion allowed,
+/// and `parameters`.
 pub fn class(parameters: &[(&str, &str)]) -> Class {
     Class {
         name: "test-class".to_string(),
@@ -39,6 +40,7 @@ pub fn class(parameters: &[(&str, &str)]) -> Class {
         mount_options: Vec::new(),
         allowed_topologies: Vec::new(),
         binding_mode: BindingMode::Immediate,
+        allow_volume_expansion: true,
     }
 }
 
@@ -50,6 +52,8 @@ pub fn provision_request(parameters: &[(&str, &str)]) -> ProvisionRequest {
         claim: claim("default", "data"),
         class: class(parameters),
         selected_node: None,
+        secret: None,
+        context: CallContext { node: None },
     }
 }
 
@@ -81,5 +85,37 @@ pub fn delete_request(
         },
         class_name: request.class.name.clone(),
         class_parameters: string_map(parameters),
+        secret: None,
+        context: CallContext { node: None },
+    }
+}
+
+/// The expand request the host would send to grow `volume`, published as `request`'s
+/// PV, to `requested_bytes`, with the class's parameters `parameters`.
+pub fn expand_request(
+    request: &ProvisionRequest,
+    volume: &Volume,
+    parameters: &[(&str, &str)],
+    requested_bytes: u64,
+) -> ExpandRequest {
+    let delete = delete_request(request, volume, parameters);
+    ExpandRequest {
+        volume: delete.volume,
+        class_name: delete.class_name,
+        class_parameters: delete.class_parameters,
+        requested_bytes,
+        secret: None,
+        context: CallContext { node: None },
+    }
+}
+
+/// The capacity request the host would send for [`class`]`(parameters)`, on `node`.
+pub fn capacity_request(parameters: &[(&str, &str)], node: Option<&str>) -> CapacityRequest {
+    CapacityRequest {
+        class: class(parameters),
+        node: node.map(self::node),
+        context: CallContext {
+            node: node.map(str::to_string),
+        },
     }
 }

@@ -434,6 +434,7 @@ mod tests {
             version: "1.0.0".into(),
             supports_block: false,
             data_source_kinds: vec!["PersistentVolumeClaim".into()],
+            capabilities: vec![],
         }
     }
 

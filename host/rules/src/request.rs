@@ -77,6 +77,9 @@ pub fn provision_request(
         claim: claim_of(claim, &key)?,
         class: class_of(class)?,
         selected_node: node.map(node_of),
+        // Filled in by the host where it reads Secrets and knows its node.
+        secret: None,
+        context: types::CallContext::default(),
     })
 }
 
@@ -253,6 +256,7 @@ fn class_of(class: &StorageClass) -> Result<types::Class, Error> {
         mount_options: class.mount_options.clone().unwrap_or_default(),
         allowed_topologies,
         binding_mode,
+        allow_volume_expansion: class.allow_volume_expansion.unwrap_or(false),
         name,
     })
 }

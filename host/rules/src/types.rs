@@ -1,5 +1,5 @@
-//! The guest contract's data types (the `types` interface of `wit/provisioner.wit`) as
-//! plain Rust, so the rules can build requests and check answers without wasmtime.
+//! The guest contract's data types (the `types` interface of `wit/0.2.0/provisioner.wit`,
+//! a superset of 0.1.0's) as plain Rust, so the rules can build requests and check answers without wasmtime.
 //!
 //! Each type has the name, fields and cases the WIT gives it (kebab-case made Rust); the
 //! WIT documents each field. Why the types exist twice: docs/design.md, "Crates by
@@ -17,6 +17,49 @@ pub struct PluginInfo {
     pub version: String,
     pub supports_block: bool,
     pub data_source_kinds: Vec<String>,
+    /// The optional capabilities (0.2): always empty for a 0.1 plugin.
+    pub capabilities: Vec<Capability>,
+}
+
+/// An optional capability of a 0.2 plugin: one exported interface each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Capability {
+    Expand,
+    ReportCapacity,
+    ValidateClass,
+}
+
+impl Capability {
+    /// Every capability, in the contract's order.
+    pub const ALL: [Capability; 3] = [
+        Capability::Expand,
+        Capability::ReportCapacity,
+        Capability::ValidateClass,
+    ];
+
+    /// The name of the capability in the WIT (and in `describe`'s list).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::Expand => "expand",
+            Capability::ReportCapacity => "report-capacity",
+            Capability::ValidateClass => "validate-class",
+        }
+    }
+
+    /// The interface a component exports when it has the capability.
+    pub fn interface(self) -> &'static str {
+        match self {
+            Capability::Expand => "expander",
+            Capability::ReportCapacity => "capacity-reporter",
+            Capability::ValidateClass => "class-validator",
+        }
+    }
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Kubernetes access modes of a claim.
@@ -112,6 +155,7 @@ pub struct Class {
     pub mount_options: Vec<String>,
     pub allowed_topologies: Vec<TopologyTerm>,
     pub binding_mode: BindingMode,
+    pub allow_volume_expansion: bool,
 }
 
 /// The node the scheduler selected for a claim's first consumer.
@@ -121,6 +165,33 @@ pub struct Node {
     pub labels: StringMap,
 }
 
+/// A Secret the class names and the module's grant allows, with its data decoded.
+/// Its `Debug` shows names and keys, never values.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret {
+    pub namespace: String,
+    pub name: String,
+    pub data: Vec<(String, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<&str> = self.data.iter().map(|(key, _)| key.as_str()).collect();
+        f.debug_struct("Secret")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("keys", &keys)
+            .finish()
+    }
+}
+
+/// Where a call runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallContext {
+    /// The node this call runs on, when known.
+    pub node: Option<String>,
+}
+
 /// What `should-provision` and `provision` receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProvisionRequest {
@@ -128,6 +199,8 @@ pub struct ProvisionRequest {
     pub claim: Claim,
     pub class: Class,
     pub selected_node: Option<Node>,
+    pub secret: Option<Secret>,
+    pub context: CallContext,
 }
 
 /// A directory on the node.
@@ -241,6 +314,8 @@ pub struct DeleteRequest {
     pub volume: PublishedVolume,
     pub class_name: String,
     pub class_parameters: StringMap,
+    pub secret: Option<Secret>,
+    pub context: CallContext,
 }
 
 /// Why a plugin deleted nothing.
@@ -249,4 +324,39 @@ pub enum DeleteError {
     Ignored(String),
     Failed(String),
     InBackground(String),
+}
+
+/// What `expand` receives (0.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpandRequest {
+    pub volume: PublishedVolume,
+    pub class_name: String,
+    pub class_parameters: StringMap,
+    pub requested_bytes: u64,
+    pub secret: Option<Secret>,
+    pub context: CallContext,
+}
+
+/// Why a plugin did not grow a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpandError {
+    Failed(String),
+    InBackground(String),
+    Infeasible(String),
+}
+
+/// What `get-capacity` receives (0.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityRequest {
+    pub class: Class,
+    pub node: Option<Node>,
+    pub context: CallContext,
+}
+
+/// A backend's space, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendCapacity {
+    pub total_bytes: u64,
+    pub available_bytes: u64,
+    pub maximum_volume_bytes: Option<u64>,
 }

@@ -50,8 +50,11 @@ fn request(parameters: &[(&str, &str)]) -> ProvisionRequest {
             mount_options: vec![],
             allowed_topologies: vec![],
             binding_mode: BindingMode::Immediate,
+            allow_volume_expansion: false,
         },
         selected_node: None,
+        secret: None,
+        context: Default::default(),
     }
 }
 

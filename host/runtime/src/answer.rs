@@ -1,11 +1,11 @@
 //! Checks of a guest's answer after the call: a bounded size, and a sane `describe`.
 //! (Whether a volume can become a PV, capacity included, is `wasm_provisioner_rules::volume`'s business.)
 
-use super::bindings::types::{
-    DeleteError, NodeSelectorRequirement, NodeSelectorTerm, PluginInfo, ProvisionError, Volume,
-    VolumeSource,
-};
 use super::limits::MAX_ANSWER_BYTES;
+use wasm_provisioner_rules::types::{
+    BackendCapacity, Capability, DeleteError, ExpandError, NodeSelectorRequirement,
+    NodeSelectorTerm, PluginInfo, ProvisionError, Volume, VolumeSource,
+};
 
 /// Bytes each list element counts for on top of its strings: a list of a million empty
 /// strings is as hostile as a megabyte of text.
@@ -116,15 +116,38 @@ impl AnswerSize for DeleteError {
     }
 }
 
+impl AnswerSize for ExpandError {
+    fn answer_bytes(&self) -> usize {
+        match self {
+            ExpandError::Failed(m) | ExpandError::InBackground(m) | ExpandError::Infeasible(m) => {
+                m.answer_bytes()
+            }
+        }
+    }
+}
+
 impl AnswerSize for PluginInfo {
     fn answer_bytes(&self) -> usize {
         sum(&[
             self.name.answer_bytes(),
             self.version.answer_bytes(),
             self.data_source_kinds.answer_bytes(),
+            self.capabilities.len().saturating_mul(ELEMENT_BYTES),
         ])
     }
 }
+
+/// Numbers only: nothing a guest can grow.
+macro_rules! fixed_size {
+    ($($t:ty),*) => {$(
+        impl AnswerSize for $t {
+            fn answer_bytes(&self) -> usize {
+                0
+            }
+        }
+    )*};
+}
+fixed_size!((), bool, u64, BackendCapacity);
 
 impl<T: AnswerSize, E: AnswerSize> AnswerSize for Result<T, E> {
     fn answer_bytes(&self) -> usize {
@@ -132,12 +155,6 @@ impl<T: AnswerSize, E: AnswerSize> AnswerSize for Result<T, E> {
             Ok(ok) => ok.answer_bytes(),
             Err(err) => err.answer_bytes(),
         }
-    }
-}
-
-impl AnswerSize for () {
-    fn answer_bytes(&self) -> usize {
-        0
     }
 }
 
@@ -160,8 +177,25 @@ pub(crate) fn check_size(answer: &impl AnswerSize) -> Result<(), String> {
 /// Most characters of the plugin's name and version in `describe`.
 const MAX_INFO_FIELD: usize = 63;
 
-pub(crate) fn check_info(info: &PluginInfo) -> Result<(), String> {
+/// Checks `describe`'s answer; `exported` is the optional capabilities the component
+/// exports, which the answer must list, no more and no fewer.
+pub(crate) fn check_info(info: &PluginInfo, exported: &[Capability]) -> Result<(), String> {
     check_size(info)?;
+    let mut listed = info.capabilities.clone();
+    listed.sort();
+    listed.dedup();
+    if listed != exported {
+        let names = |list: &[Capability]| {
+            let names: Vec<&str> = list.iter().map(|c| c.as_str()).collect();
+            format!("[{}]", names.join(", "))
+        };
+        return Err(format!(
+            "describe lists the capabilities {} but the component exports the interfaces of {}: \
+             a plugin must export exactly the capabilities it lists (the SDKs list them for you)",
+            names(&listed),
+            names(exported)
+        ));
+    }
     if info.name.trim().is_empty() {
         return Err("describe returned an empty plugin name".into());
     }
@@ -178,7 +212,7 @@ pub(crate) fn check_info(info: &PluginInfo) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bindings::types::{HostPathSource, VolumeMode};
+    use wasm_provisioner_rules::types::{HostPathSource, VolumeMode};
 
     fn volume(path: &str) -> Volume {
         Volume {
@@ -218,11 +252,36 @@ mod tests {
             version: "1.0.0".into(),
             supports_block: false,
             data_source_kinds: vec![],
+            capabilities: vec![],
         };
-        assert!(check_info(&info).is_ok());
+        assert!(check_info(&info, &[]).is_ok());
         info.name = " ".into();
-        assert!(check_info(&info).is_err());
+        assert!(check_info(&info, &[]).is_err());
         info.name = "x".repeat(64);
-        assert!(check_info(&info).is_err());
+        assert!(check_info(&info, &[]).is_err());
+    }
+
+    #[test]
+    fn info_lists_exactly_the_exported_capabilities() {
+        let mut info = PluginInfo {
+            name: "hostpath".into(),
+            version: "1.0.0".into(),
+            supports_block: false,
+            data_source_kinds: vec![],
+            capabilities: vec![Capability::ValidateClass, Capability::Expand],
+        };
+        let exported = [Capability::Expand, Capability::ValidateClass];
+        assert!(check_info(&info, &exported).is_ok());
+        let error = check_info(&info, &exported[..1]).unwrap_err();
+        assert!(
+            error.contains("lists the capabilities [expand, validate-class]"),
+            "{error}"
+        );
+        assert!(
+            error.contains("exports the interfaces of [expand]"),
+            "{error}"
+        );
+        info.capabilities.clear();
+        assert!(check_info(&info, &exported).is_err());
     }
 }

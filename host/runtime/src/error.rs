@@ -12,6 +12,9 @@ pub enum Call {
     Provision,
     ShouldDelete,
     Delete,
+    Expand,
+    GetCapacity,
+    ValidateClass,
 }
 
 impl Call {
@@ -23,6 +26,9 @@ impl Call {
             Call::Provision => "provision",
             Call::ShouldDelete => "should-delete",
             Call::Delete => "delete",
+            Call::Expand => "expand",
+            Call::GetCapacity => "get-capacity",
+            Call::ValidateClass => "validate-class",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A loaded module version and the calls into it.
 //!
 //! A [`LoadedModule`] is immutable: one version (one sha256) of one module, compiled,
-//! linked (`ProvisionerPre`) and described once. Every call gets a fresh `Store` and
+//! linked (`GuestPre`, for the contract version it was built for) and described once. Every call gets a fresh `Store` and
 //! instance, under the module's limits. A reload makes a new `LoadedModule`; calls that
 //! hold an `Arc` of the old one finish on it.
 
@@ -12,21 +12,20 @@ use tokio::sync::Semaphore;
 use wasmtime::component::ResourceTableError;
 use wasmtime::{Engine, PoolConcurrencyLimitError, Store, Trap};
 
-use super::answer;
+use super::answer::{self, AnswerSize};
 use wasm_provisioner_rules::types::{
-    DeleteError, DeleteRequest, PluginInfo, ProvisionError, ProvisionRequest, Volume,
+    BackendCapacity, Capability, CapacityRequest, Class, DeleteError, DeleteRequest, ExpandError,
+    ExpandRequest, PluginInfo, ProvisionError, ProvisionRequest, Volume,
 };
 
-use super::bindings::{Provisioner, ProvisionerPre};
 use super::engine::EpochTicker;
 use super::error::{Call, CallError, CallTarget};
 use super::grants::ModuleGrants;
+use super::guest::{ContractVersion, Guest, GuestPre};
 use super::limits::{Limits, MAX_LIFT_BYTES};
 use super::metrics::Metrics;
 use super::pool::{CallNeed, VersionShare};
 use super::sandbox::{DeadlineExceeded, GuestState, Sandbox};
-use crate::bindings::types as wit;
-use crate::contract::Mirror;
 use crate::grants::directories::ModuleDirectories;
 use crate::grants::volumes::VolumeDirectory;
 
@@ -124,7 +123,7 @@ pub struct LoadedModule {
     sha256: String,
     version: Arc<str>,
     info: PluginInfo,
-    pre: ProvisionerPre<GuestState>,
+    pre: GuestPre,
     engine: Engine,
     /// Shared with the blocking thread that makes each call's store.
     sandbox: Arc<Sandbox>,
@@ -155,7 +154,7 @@ impl std::fmt::Debug for LoadedModule {
 pub(crate) struct ModuleParts {
     pub(crate) name: Arc<str>,
     pub(crate) sha256: String,
-    pub(crate) pre: ProvisionerPre<GuestState>,
+    pub(crate) pre: GuestPre,
     pub(crate) engine: Engine,
     pub(crate) grants: ModuleGrants,
     pub(crate) directories: Arc<ModuleDirectories>,
@@ -186,6 +185,7 @@ impl LoadedModule {
                 version: String::new(),
                 supports_block: false,
                 data_source_kinds: Vec::new(),
+                capabilities: Vec::new(),
             },
             pre: parts.pre,
             engine: parts.engine,
@@ -200,10 +200,11 @@ impl LoadedModule {
             share: Arc::new(parts.share),
         };
         let info = module
-            .invoke(Call::Describe, async |p, s| p.call_describe(s).await)
+            .invoke(Call::Describe, async |g, s| g.describe(s).await)
             .await?;
-        answer::check_info(&info).map_err(|reason| module.malformed(Call::Describe, reason))?;
-        module.info = info.mirror();
+        answer::check_info(&info, &module.pre.capabilities())
+            .map_err(|reason| module.malformed(Call::Describe, reason))?;
+        module.info = info;
         module.permits = parts.permits;
         // From now on its calls take the module's permits, within its share.
         module.share.described();
@@ -272,11 +273,21 @@ impl LoadedModule {
         (max.saturating_sub(self.permits.available_permits())) as u32
     }
 
+    /// The contract version the module was built for.
+    pub fn contract(&self) -> ContractVersion {
+        self.pre.contract()
+    }
+
+    /// Whether the module has an optional capability (it exports its interface).
+    pub fn has(&self, capability: Capability) -> bool {
+        self.info.capabilities.contains(&capability)
+    }
+
     /// The plugin's veto before `provision`.
     pub async fn should_provision(&self, request: &ProvisionRequest) -> Result<bool, CallError> {
-        let request: wit::ProvisionRequest = request.clone().mirror();
-        self.invoke(Call::ShouldProvision, async move |p, s| {
-            p.call_should_provision(s, &request).await
+        let request = request.clone();
+        self.ask(Call::ShouldProvision, async move |g, s| {
+            g.should_provision(s, request).await
         })
         .await
     }
@@ -287,25 +298,18 @@ impl LoadedModule {
         &self,
         request: &ProvisionRequest,
     ) -> Result<Result<Volume, ProvisionError>, CallError> {
-        let request: wit::ProvisionRequest = request.clone().mirror();
-        let answer = self
-            .invoke(Call::Provision, async move |p, s| {
-                p.call_provision(s, &request).await
-            })
-            .await?;
-        let checked = match &answer {
-            Ok(volume) => answer::check_size(volume),
-            Err(error) => answer::check_size(error),
-        };
-        checked.map_err(|reason| self.malformed(Call::Provision, reason))?;
-        Ok(answer.map(Mirror::mirror).map_err(Mirror::mirror))
+        let request = request.clone();
+        self.ask(Call::Provision, async move |g, s| {
+            g.provision(s, request).await
+        })
+        .await
     }
 
     /// The plugin's veto before `delete`.
     pub async fn should_delete(&self, request: &DeleteRequest) -> Result<bool, CallError> {
-        let request: wit::DeleteRequest = request.clone().mirror();
-        self.invoke(Call::ShouldDelete, async move |p, s| {
-            p.call_should_delete(s, &request).await
+        let request = request.clone();
+        self.ask(Call::ShouldDelete, async move |g, s| {
+            g.should_delete(s, request).await
         })
         .await
     }
@@ -315,14 +319,52 @@ impl LoadedModule {
         &self,
         request: &DeleteRequest,
     ) -> Result<Result<(), DeleteError>, CallError> {
-        let request: wit::DeleteRequest = request.clone().mirror();
-        let answer = self
-            .invoke(Call::Delete, async move |p, s| {
-                p.call_delete(s, &request).await
-            })
-            .await?;
-        answer::check_size(&answer).map_err(|reason| self.malformed(Call::Delete, reason))?;
-        Ok(answer.map_err(Mirror::mirror))
+        let request = request.clone();
+        self.ask(Call::Delete, async move |g, s| g.delete(s, request).await)
+            .await
+    }
+
+    /// Grows the backend volume (capability `expand`): `Ok(Ok(bytes))` is its new
+    /// capacity, `Ok(Err(_))` the plugin's refusal.
+    pub async fn expand(
+        &self,
+        request: &ExpandRequest,
+    ) -> Result<Result<u64, ExpandError>, CallError> {
+        let request = request.clone();
+        self.ask(Call::Expand, async move |g, s| g.expand(s, request).await)
+            .await
+    }
+
+    /// The backend's space (capability `report-capacity`).
+    pub async fn get_capacity(
+        &self,
+        request: &CapacityRequest,
+    ) -> Result<Result<BackendCapacity, String>, CallError> {
+        let request = request.clone();
+        self.ask(Call::GetCapacity, async move |g, s| {
+            g.get_capacity(s, request).await
+        })
+        .await
+    }
+
+    /// The plugin's verdict on a class (capability `validate-class`).
+    pub async fn validate_class(&self, class: &Class) -> Result<Result<(), String>, CallError> {
+        let class = class.clone();
+        self.ask(Call::ValidateClass, async move |g, s| {
+            g.validate_class(s, class).await
+        })
+        .await
+    }
+
+    /// One call whose answer is bounded in size (see [`answer::check_size`]).
+    async fn ask<A: AnswerSize + Send + 'static>(
+        &self,
+        call: Call,
+        run: impl AsyncFnOnce(&Guest, &mut Store<GuestState>) -> wasmtime::Result<A> + Send + 'static,
+    ) -> Result<A, CallError> {
+        let answer = self.invoke(call, run).await?;
+        answer::check_size(&answer).map_err(|reason| self.malformed(call, reason))?;
+        Ok(answer)
     }
 
     fn target(&self, call: Call) -> CallTarget {
@@ -348,9 +390,7 @@ impl LoadedModule {
     async fn invoke<R: Send + 'static>(
         &self,
         call: Call,
-        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>
-        + Send
-        + 'static,
+        run: impl AsyncFnOnce(&Guest, &mut Store<GuestState>) -> wasmtime::Result<R> + Send + 'static,
     ) -> Result<R, CallError> {
         let result = self.invoke_inner(call, run).await;
         self.metrics.record_call(
@@ -377,9 +417,7 @@ impl LoadedModule {
     async fn invoke_inner<R: Send + 'static>(
         &self,
         call: Call,
-        run: impl AsyncFnOnce(&Provisioner, &mut Store<GuestState>) -> wasmtime::Result<R>
-        + Send
-        + 'static,
+        run: impl AsyncFnOnce(&Guest, &mut Store<GuestState>) -> wasmtime::Result<R> + Send + 'static,
     ) -> Result<R, CallError> {
         let limits = self.limits();
         let permit = self
@@ -416,8 +454,8 @@ impl LoadedModule {
             // The epoch deadline stops guest code; this timeout also bounds host I/O
             // the guest waits on (an HTTP request), which epochs cannot interrupt.
             let run = tokio::time::timeout(limits.timeout, async {
-                let instance = pre.instantiate_async(&mut store).await?;
-                run(&instance, &mut store).await
+                let guest = pre.instantiate(&mut store).await?;
+                run(&guest, &mut store).await
             });
             // Nobody waits any more: the call is dropped where it stands, in a host
             // call or, since the guest yields at every epoch tick, at its next tick.

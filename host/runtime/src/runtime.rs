@@ -9,7 +9,6 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
 
-use super::bindings::ProvisionerPre;
 use super::cache::{CacheError, PrecompiledCache, deserialize_verified};
 use super::compile::{COMPILE_CHILDREN, CompileFailure, CompilerConfig, compile_in_child};
 use super::engine::{
@@ -17,6 +16,7 @@ use super::engine::{
 };
 use super::error::{CallError, LoadError, ResolveError};
 use super::grants::Grants;
+use super::guest::GuestPre;
 use super::metrics::Metrics;
 use super::module::{LoadedModule, ModuleParts, VERSION_DIGITS};
 use super::module_file::{DEFAULT_MAX_MODULE_BYTES, ModuleFileError, read_module_file};
@@ -476,16 +476,11 @@ impl Runtime {
         }
 
         let component = self.compile(name, &version, &sha256, bytes).await?;
-        let pre = self
-            .inner
-            .linker
-            .instantiate_pre(&component)
-            .and_then(ProvisionerPre::new)
-            .map_err(|e| LoadError::World {
-                module: name.to_string(),
-                version: version.clone(),
-                cause: format!("{e:#}"),
-            })?;
+        let pre = GuestPre::new(&self.inner.linker, &component).map_err(|e| LoadError::World {
+            module: name.to_string(),
+            version: version.clone(),
+            cause: format!("{e:#}"),
+        })?;
         let grants = self.inner.grants.for_module(name);
         let share = self
             .inner

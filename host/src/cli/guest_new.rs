@@ -48,7 +48,7 @@ pub enum GuestNewError {
     },
 }
 
-const WIT: &str = include_str!("../../../wit/provisioner.wit");
+const WIT: &str = include_str!("../../../wit/0.1.0/provisioner.wit");
 const README: &str = include_str!("../../../guests/templates/common/README.md");
 const TEST_SH: &str = include_str!("../../../guests/templates/common/test.sh");
 const TEST_CLASS: &str = include_str!("../../../guests/templates/common/test/class.yaml");

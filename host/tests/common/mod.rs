@@ -43,7 +43,7 @@ pub fn dist_dir() -> &'static Path {
 pub fn wat_component(wat: &str) -> Vec<u8> {
     let mut module = wat::parse_str(wat).unwrap_or_else(|e| panic!("invalid WAT: {e}\n{wat}"));
     let mut resolve = wit_parser::Resolve::default();
-    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
+    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/0.1.0");
     let (package, _) = resolve
         .push_dir(&wit)
         .unwrap_or_else(|e| panic!("cannot read {}: {e:#}", wit.display()));
@@ -123,7 +123,10 @@ pub fn provision_request(class: &str) -> ProvisionRequest {
             mount_options: vec![],
             allowed_topologies: vec![],
             binding_mode: BindingMode::Immediate,
+            allow_volume_expansion: false,
         },
         selected_node: None,
+        secret: None,
+        context: Default::default(),
     }
 }

@@ -69,6 +69,9 @@ pub fn delete_request(
         },
         class_name,
         class_parameters: class.map(plugin_parameters).unwrap_or_default(),
+        // Filled in by the host where it reads Secrets and knows its node.
+        secret: None,
+        context: types::CallContext::default(),
     })
 }
 
@@ -93,5 +96,7 @@ pub fn unpublished_delete_request(
         },
         class_name: req.class.name.clone(),
         class_parameters: req.class.parameters.clone(),
+        secret: req.secret.clone(),
+        context: req.context.clone(),
     }
 }

@@ -169,6 +169,11 @@ impl GrantRoots {
     pub(crate) fn handle(&self, guest: &str) -> Option<&OwnedFd> {
         self.roots.get(guest).map(|(fd, _)| fd.as_ref())
     }
+
+    /// The guest paths of the grants.
+    pub(crate) fn guest_paths(&self) -> Vec<&str> {
+        self.roots.keys().map(String::as_str).collect()
+    }
 }
 
 #[cfg(test)]

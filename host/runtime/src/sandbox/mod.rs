@@ -16,7 +16,7 @@ use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::{Provisioner, log as wit_log};
+use super::bindings::{log as wit_log, v1, v2};
 use super::grants::ModuleGrants;
 use super::http::OutboundHttp;
 use super::limits::MemoryLimiter;
@@ -72,12 +72,62 @@ impl WasiHttpView for GuestState {
     }
 }
 
-// The `types` interface has no functions, but the world's linker wants its (empty) trait.
-impl super::bindings::types::Host for GuestState {}
+// The `types` interfaces have no functions, but the worlds' linkers want their (empty)
+// traits.
+impl v1::types::Host for GuestState {}
+impl v2::types::Host for GuestState {}
 
 impl wit_log::Host for GuestState {
     fn log(&mut self, level: wit_log::Level, message: String, fields: Vec<(String, String)>) {
         self.log.log(level, &message, &fields);
+    }
+}
+
+impl v2::log::Host for GuestState {
+    fn log(&mut self, level: v2::log::Level, message: String, fields: Vec<(String, String)>) {
+        let level = match level {
+            v2::log::Level::Trace => wit_log::Level::Trace,
+            v2::log::Level::Debug => wit_log::Level::Debug,
+            v2::log::Level::Info => wit_log::Level::Info,
+            v2::log::Level::Warn => wit_log::Level::Warn,
+            v2::log::Level::Error => wit_log::Level::Error,
+        };
+        self.log.log(level, &message, &fields);
+    }
+}
+
+/// `statvfs` of the granted directory holding a path, on the handle opened at start (no
+/// path lookup, so no symlink can point it elsewhere). Runs on the call's own thread, like every
+/// filesystem operation of the call, within the call's timeout.
+impl v2::filesystem::Host for GuestState {
+    fn stat_filesystem(&mut self, path: String) -> Result<v2::filesystem::FilesystemStats, String> {
+        // The grant whose guest path holds `path` (the longest, if grants nest). The
+        // answer is always that grant's filesystem: `path` itself is never looked up.
+        let holder = self
+            .grant_roots
+            .guest_paths()
+            .into_iter()
+            .filter(|root| {
+                let root = root.trim_end_matches('/');
+                path == root || path.starts_with(&format!("{root}/"))
+            })
+            .max_by_key(|root| root.len());
+        let Some(root) = holder.and_then(|holder| self.grant_roots.handle(holder)) else {
+            let granted = self.grant_roots.guest_paths().join(", ");
+            let message = format!(
+                "stat-filesystem {path:?}: not inside a directory granted to this module \
+                 (granted: {})",
+                if granted.is_empty() { "none" } else { &granted }
+            );
+            self.log_refusal(&message);
+            return Err(message);
+        };
+        let stats = rustix::fs::fstatvfs(root)
+            .map_err(|error| format!("stat-filesystem {path:?}: {error}"))?;
+        Ok(v2::filesystem::FilesystemStats {
+            total_bytes: stats.f_blocks.saturating_mul(stats.f_frsize),
+            available_bytes: stats.f_bavail.saturating_mul(stats.f_frsize),
+        })
     }
 }
 
@@ -94,12 +144,17 @@ impl std::fmt::Display for DeadlineExceeded {
 impl std::error::Error for DeadlineExceeded {}
 
 /// The linker every module is instantiated with: WASI p2 (empty unless granted),
-/// `wasi:http` (refused unless granted) and the world's `log` import.
+/// `wasi:http` (refused unless granted) and the imports of both contract versions
+/// (0.1's `log`; 0.2's `log` and `filesystem`).
 pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-    Provisioner::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |state| state)?;
+    v1::Provisioner::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |state| state)?;
+    v2::PluginWithEveryCapability::add_to_linker::<GuestState, HasSelf<GuestState>>(
+        &mut linker,
+        |state| state,
+    )?;
     fs_rules::add_to_linker(&mut linker)?;
     Ok(linker)
 }

@@ -540,6 +540,7 @@ fn rules(s: &Snapshot) -> Option<Step> {
         version: String::new(),
         supports_block: false,
         data_source_kinds: Vec::new(),
+        capabilities: Vec::new(),
     };
     let info = match (class.filter(|c| class_is_ours(s, c)), s.module) {
         (None, _) => &unknown,

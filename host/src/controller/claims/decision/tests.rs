@@ -81,6 +81,7 @@ impl Case {
                 version: "1".into(),
                 supports_block: false,
                 data_source_kinds: Vec::new(),
+                capabilities: vec![],
             },
             module: Lookup::NotLooked,
             gone: false,
