@@ -325,7 +325,7 @@ func (p *controlPlane) startAll() error {
 		"--bind-address=127.0.0.1",
 		"--secure-port="+strconv.Itoa(kcmPort),
 		"--cert-dir="+filepath.Join(p.dir, "kcm-certs"),
-		"--controllers=persistentvolume-binder-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,namespace-controller,garbage-collector-controller",
+		"--controllers=persistentvolume-binder-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,persistentvolume-expander-controller,namespace-controller,garbage-collector-controller",
 		"--leader-elect=false",
 		"--use-service-account-credentials=false",
 		"--pvclaimbinder-sync-period=2s",
