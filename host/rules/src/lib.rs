@@ -7,6 +7,7 @@
 pub mod backoff;
 pub mod claim;
 pub mod decide;
+pub mod expand;
 pub mod names;
 pub mod object;
 pub mod quantity;

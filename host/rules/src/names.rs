@@ -133,8 +133,40 @@ pub const REASON_VOLUME_DELETE_GAVE_UP: &str = "VolumeDeleteGaveUp";
 /// `in-background` (a large volume deleted in chunks); the host keeps asking. (Our own.)
 pub const REASON_VOLUME_DELETING: &str = "VolumeDeleting";
 
+/// Normal, on the claim: the module is being asked to expand the claim's volume (as
+/// kubernetes-csi/external-resizer's `Resizing`).
+pub const REASON_RESIZING: &str = "Resizing";
+/// Normal, on the claim: the volume was expanded and the claim's capacity updated.
+pub const REASON_VOLUME_RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
+/// Warning, on the claim: the volume could not be expanded (the module's message, a
+/// module that cannot expand, a shrink); retried as the answer says.
+pub const REASON_VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
+
 /// Namespace of Events about cluster-scoped objects (PVs).
 pub const EVENT_NAMESPACE_CLUSTER_SCOPED: &str = "default";
+
+// --- Claim expansion status (as kube-controller-manager and external-resizer) -----
+
+/// Claim condition: the controller is expanding the volume.
+pub const CONDITION_RESIZING: &str = "Resizing";
+/// Claim condition: the volume waits for its file system to be grown on a node.
+pub const CONDITION_FILE_SYSTEM_RESIZE_PENDING: &str = "FileSystemResizePending";
+/// Claim condition: the controller's expansion failed (its message says why).
+pub const CONDITION_CONTROLLER_RESIZE_ERROR: &str = "ControllerResizeError";
+/// Claim condition: the node's expansion failed.
+pub const CONDITION_NODE_RESIZE_ERROR: &str = "NodeResizeError";
+/// Every claim condition an expansion sets or clears.
+pub const RESIZE_CONDITIONS: [&str; 4] = [
+    CONDITION_RESIZING,
+    CONDITION_FILE_SYSTEM_RESIZE_PENDING,
+    CONDITION_CONTROLLER_RESIZE_ERROR,
+    CONDITION_NODE_RESIZE_ERROR,
+];
+/// `status.allocatedResourceStatuses.storage`: the controller is expanding.
+pub const RESIZE_STATUS_CONTROLLER_IN_PROGRESS: &str = "ControllerResizeInProgress";
+/// `status.allocatedResourceStatuses.storage`: the controller's expansion cannot succeed
+/// as asked.
+pub const RESIZE_STATUS_CONTROLLER_INFEASIBLE: &str = "ControllerResizeInfeasible";
 
 // --- Metrics --------------------------------------------------------------------
 
@@ -195,6 +227,19 @@ mod tests {
             "ProvisioningCleanupFailed"
         );
         assert_eq!(REASON_VOLUME_FAILED_DELETE, "VolumeFailedDelete");
+        assert_eq!(REASON_RESIZING, "Resizing");
+        assert_eq!(REASON_VOLUME_RESIZE_SUCCESSFUL, "VolumeResizeSuccessful");
+        assert_eq!(REASON_VOLUME_RESIZE_FAILED, "VolumeResizeFailed");
+        assert_eq!(CONDITION_RESIZING, "Resizing");
+        assert_eq!(CONDITION_CONTROLLER_RESIZE_ERROR, "ControllerResizeError");
+        assert_eq!(
+            RESIZE_STATUS_CONTROLLER_IN_PROGRESS,
+            "ControllerResizeInProgress"
+        );
+        assert_eq!(
+            RESIZE_STATUS_CONTROLLER_INFEASIBLE,
+            "ControllerResizeInfeasible"
+        );
     }
 
     #[test]
