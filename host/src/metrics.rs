@@ -269,6 +269,10 @@ pub struct Metrics {
     pub module_waiting: IntGaugeVec,
     /// 1 while this process holds the leader lease.
     pub leader: IntGauge,
+    /// Volume expansions by class, module and outcome.
+    pub expansions_total: IntCounterVec,
+    /// One successful expansion, from the module's call to the claim's new capacity.
+    pub expansion_duration: HistogramVec,
     /// Claims and volumes given up on past their failure threshold, by queue.
     pub given_up: IntCounterVec,
     /// Reconciles that did not finish, by controller and the error's metric label.
@@ -381,15 +385,26 @@ impl Metrics {
                 "Items waiting because their module holds its whole share of the workers, by module and queue",
                 &["module", "queue"],
             ),
+            expansions_total: counter(
+                "wasm_provisioner_volume_expansions_total",
+                "Volume expansions of bound claims, by class, module and outcome (ok, the module's answer: failed, infeasible, in_background; too_small; the guest call's failure; unsupported: the module cannot expand; shrink; not_allowed; no_module; no_class)",
+                &["class", "module", "outcome"],
+            ),
+            expansion_duration: histogram(
+                "wasm_provisioner_volume_expansion_duration_seconds",
+                "Seconds one successful expansion took, from the module's expand call to the claim's new status capacity",
+                &["class", "module"],
+                DEFAULT_BUCKETS,
+            ),
             leader,
             given_up: {
                 let given_up = counter(
                     "wasm_provisioner_given_up_total",
-                    "Claims (volumes) given up on after --failed-provision-threshold (--failed-delete-threshold) failed attempts, by queue",
+                    "Claims (volumes, expansions) given up on after --failed-provision-threshold (--failed-delete-threshold, --failed-provision-threshold) failed attempts, by queue",
                     &["queue"],
                 );
                 // Both series exist from the start, so alerts see them go from 0.
-                for queue in ["claims", "volumes"] {
+                for queue in ["claims", "volumes", "expansions"] {
                     given_up.with_label_values(&[queue]);
                 }
                 given_up

@@ -300,6 +300,40 @@ impl EventSink {
         .await;
     }
 
+    /// A Normal Event on a claim about its volume's expansion.
+    pub async fn expansion_normal(
+        &self,
+        claim: &PersistentVolumeClaim,
+        reason: &str,
+        note: String,
+    ) {
+        self.publish(
+            claim.object_ref(&()),
+            EventType::Normal,
+            reason,
+            "Expand",
+            note,
+        )
+        .await;
+    }
+
+    /// A Warning Event on a claim about its volume's expansion.
+    pub async fn expansion_warning(
+        &self,
+        claim: &PersistentVolumeClaim,
+        reason: &str,
+        note: String,
+    ) {
+        self.publish(
+            claim.object_ref(&()),
+            EventType::Warning,
+            reason,
+            "Expand",
+            note,
+        )
+        .await;
+    }
+
     /// A Warning Event on a claim or volume for giving up on it. Its own action keeps it
     /// apart from the attempts' series (Events aggregate by reason and action, and a
     /// series keeps its first note).

@@ -1,5 +1,6 @@
 //! The provisioning controllers: one for claims (provision), one for volumes (delete),
-//! over shared informer caches of claims, volumes, classes and nodes.
+//! one for the expansion of bound claims' volumes, over shared informer caches of
+//! claims, volumes, classes and nodes.
 //!
 //! Each controller is a kube-runtime `Controller` with `threads` workers. `reconcile`
 //! functions are free functions over `(Arc<Object>, Arc<Context>)`; failures go through
@@ -9,6 +10,7 @@
 mod calls;
 pub mod claims;
 mod events;
+pub mod expansion;
 pub mod faults;
 mod finalizers;
 mod journal;
@@ -97,6 +99,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub claim_retries: Retries,
     pub volume_retries: Retries,
+    /// The expansion controller's retries (keyed by claim UID, as the claim controller's).
+    pub expansion_retries: Retries,
     /// Each module's share of the claim workers ([`shares`]).
     pub claim_shares: Arc<WorkerShares<PersistentVolumeClaim>>,
     /// Each module's share of the volume workers.
@@ -224,6 +228,8 @@ fn sweep_retries(context: &Context) {
         .map(|c| claims::key(c))
         .collect();
     context.claim_retries.retain(|key| claims.contains(key));
+    context.expansion_retries.retain(|key| claims.contains(key));
+    expansion::retain_told(|key| claims.contains(key));
     let volumes: std::collections::HashSet<String> = context
         .volumes
         .state()
@@ -340,6 +346,7 @@ struct Watches {
     nodes: Store<PartialObjectMeta<Node>>,
     claim_feed: Feed<PersistentVolumeClaim>,
     volume_feed: Feed<PersistentVolume>,
+    expansion_feed: Feed<PersistentVolumeClaim>,
     claim_shares: Arc<WorkerShares<PersistentVolumeClaim>>,
     volume_shares: Arc<WorkerShares<PersistentVolume>>,
     static_volumes: Arc<static_volumes::StaticVolumes>,
@@ -390,16 +397,32 @@ fn watch(
         WorkerShares::new("claims", settings.threads, metrics.module_waiting.clone());
     let (volume_shares, volume_wakeups) =
         WorkerShares::new("volumes", settings.threads, metrics.module_waiting.clone());
+    // The expansion controller is fed from the claim and volume watches, after their
+    // caches hold each change: a Bound claim changed, or a PV of ours (its claim).
+    let (claim_expands, claim_expansions) = futures::channel::mpsc::unbounded();
+    let (volume_expands, volume_expansions) = futures::channel::mpsc::unbounded();
     let claim_feed = Feed {
-        objects: cached(Api::all(client.clone()), claims_writer, |_| {}).boxed(),
+        objects: cached(Api::all(client.clone()), claims_writer, |_| {})
+            .inspect_ok(move |claim| {
+                if let Some(claim) = expansion::claim_trigger(claim) {
+                    let _ = claim_expands.unbounded_send(claim);
+                }
+            })
+            .boxed(),
         triggers: vec![claim_wakeups.boxed(), class_wakeups.boxed()],
     };
     let static_volumes = Arc::new(static_volumes::StaticVolumes::default());
     let storm = Arc::new(storm::Storm::new(&settings.provisioner_name));
     let (observed, storm_observed) = (static_volumes.clone(), storm.clone());
+    let provisioner_name = settings.provisioner_name.clone();
     let volume_objects = cached(Api::all(client.clone()), volumes_writer, move |event| {
         observed.observe(event);
         storm_observed.observe(event);
+    })
+    .inspect_ok(move |pv| {
+        if let Some(claim) = expansion::volume_trigger(pv, &provisioner_name) {
+            let _ = volume_expands.unbounded_send(claim);
+        }
     });
     Watches {
         claims,
@@ -411,6 +434,11 @@ fn watch(
             objects: volume_objects.boxed(),
             triggers: vec![volume_wakeups.boxed()],
         },
+        // No watch of its own: the claim cache, and the triggers above.
+        expansion_feed: Feed {
+            objects: futures::stream::pending().boxed(),
+            triggers: vec![claim_expansions.boxed(), volume_expansions.boxed()],
+        },
         claim_shares,
         volume_shares,
         static_volumes,
@@ -418,7 +446,7 @@ fn watch(
     }
 }
 
-/// Runs both controllers until `stop` is cancelled, then lets in-flight reconciles
+/// Runs the controllers until `stop` is cancelled, then lets in-flight reconciles
 /// finish (graceful shutdown) and returns.
 pub async fn run(
     client: Client,
@@ -467,6 +495,7 @@ pub async fn run(
         client,
         claim_retries: retries(settings.failed_provision_threshold),
         volume_retries: retries(settings.failed_delete_threshold),
+        expansion_retries: retries(settings.failed_provision_threshold),
         claim_shares: watches.claim_shares,
         volume_shares: watches.volume_shares,
         settings,
@@ -482,14 +511,14 @@ pub async fn run(
         storm: watches.storm,
     });
 
-    futures::future::join5(
+    tokio::join!(
         claims::start(context.clone(), watches.claim_feed, stop.clone()),
         volumes::start(context.clone(), watches.volume_feed, stop.clone()),
+        expansion::start(context.clone(), watches.expansion_feed, stop.clone()),
         ready_once_synced(&context, &health, caches_synced_tx, &stop),
         gauge_queues(&context, &stop),
         sweep_journal_every(&context, &stop),
-    )
-    .await;
+    );
     journal_stop.cancel();
     if let Err(error) = journal_writer.await {
         warn!(%error, "provisioning journal writer failed");
@@ -548,6 +577,11 @@ async fn gauge_queues(context: &Context, stop: &CancellationToken) {
             .queue_depth
             .with_label_values(&["volumes"])
             .set(context.volume_retries.depth() as i64);
+        context
+            .metrics
+            .queue_depth
+            .with_label_values(&["expansions"])
+            .set(context.expansion_retries.depth() as i64);
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
