@@ -223,13 +223,19 @@ fn retries(s: &Snapshot, sizes: Sizes) -> Option<Step> {
 }
 
 /// What the volume's size says: saved as large as asked in this reconcile, or already
-/// that large (finished but for the claim's status), or larger (a shrink).
+/// that large (finished but for the claim's status), or larger: a shrink, unless this
+/// request's expansion is in progress (the module answered more than asked).
 fn volume(s: &Snapshot, sizes: Sizes) -> Option<Step> {
     if s.volume_saved {
         return Some(Step::Finish);
     }
     match sizes.volume.cmp(&sizes.requested) {
         std::cmp::Ordering::Equal => Some(Step::Finish),
+        // The module made it larger than asked, and the claim's status was not written
+        // after the PV's (a crash): this request's expansion is done.
+        std::cmp::Ordering::Greater if expand::in_progress(s.claim, sizes.requested) => {
+            Some(Step::Finish)
+        }
         std::cmp::Ordering::Greater => Some(Step::Shrink { tell: !s.told }),
         std::cmp::Ordering::Less => None,
     }

@@ -263,6 +263,14 @@ fn rows() -> Vec<Row> {
             Step::Shrink { tell: true },
         ),
         (
+            "a PV larger than asked while this request is in progress (the module gave more, then a crash): finish",
+            |c| {
+                c.volume_size("4Gi");
+                c.status(in_progress_for_2gi());
+            },
+            Step::Finish,
+        ),
+        (
             "a shrink told already is not told again",
             |c| {
                 c.volume_size("4Gi");
