@@ -13,6 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
+use wasm_provisioner_rules::types::{Capability, ExpandError, ExpandRequest, PublishedVolume};
 use wasm_provisioner_tests::fixture::{Fixture, scenario};
 use wasm_provisioner_tests::guests;
 use wasm_provisioner_tests::host::Host;
@@ -313,4 +314,48 @@ async fn a_module_without_expand_says_so_once() {
         Ok(())
     })
     .await;
+}
+
+/// The nfs-subdir guest expands too, through the runtime: the size within the class's
+/// `maxSize` is answered (recorded, nothing to enforce on NFS), beyond it infeasible.
+#[tokio::test]
+async fn nfs_subdir_expands_within_its_max_size() {
+    let granted = tempfile::tempdir().unwrap();
+    let runtime = guests::runtime(&format!(
+        "allow: {{ directories: [{dir}] }}\nmodules: {{ nfs: {{ directories: [{{ host: {dir}, guest: /export, mode: read-write }}] }} }}",
+        dir = granted.path().display(),
+    ));
+    let nfs = guests::load(&runtime, "nfs", "nfs-subdir").await;
+    assert!(nfs.has(Capability::Expand), "{:?}", nfs.info());
+    let parameters = [
+        ("server", "nfs.example.com"),
+        ("share", "/srv/nfs"),
+        ("maxSize", "2Gi"),
+    ];
+    let request = guests::provision_request(&parameters);
+    let volume = nfs.provision(&request).await.unwrap().expect("provisioned");
+    let expand = |requested_bytes: u64| ExpandRequest {
+        volume: PublishedVolume {
+            name: request.volume_name.clone(),
+            source: volume.source.clone(),
+            capacity_bytes: volume.capacity_bytes,
+            labels: volume.labels.clone(),
+            annotations: volume.annotations.clone(),
+            node_affinity: volume.node_affinity.clone(),
+            claim_namespace: Some(request.claim.namespace.clone()),
+            claim_name: Some(request.claim.name.clone()),
+        },
+        class_name: request.class.name.clone(),
+        class_parameters: request.class.parameters.clone(),
+        requested_bytes,
+        secret: None,
+        context: Default::default(),
+    };
+    assert_eq!(nfs.expand(&expand(1 << 30)).await.unwrap(), Ok(1 << 30));
+    match nfs.expand(&expand(3 << 30)).await.unwrap() {
+        Err(ExpandError::Infeasible(message)) => {
+            assert!(message.contains("maxSize"), "{message}")
+        }
+        other => panic!("an expansion past maxSize answered {other:?}"),
+    }
 }

@@ -29,6 +29,7 @@ const KNOWN: &[&str] = &[
     "onDelete",
     "archiveOnDelete",
     "deleteChunkEntries",
+    "maxSize",
 ];
 const DEFAULT_GUEST_ROOT: &str = "/export";
 const ON_DELETE: &[&str] = &["delete", "retain", "archive"];
@@ -85,9 +86,16 @@ pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
     let guest_root = params.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?;
     let on_delete = on_delete(&params)?;
     sdk::fs::Budget::from_params(&params)?;
+    let max_size = params.bytes("maxSize")?;
     let name = path::check_pv_name(&req.volume_name)?;
 
     let claim = &req.claim;
+    if let Some(max) = max_size.filter(|max| claim.requested_bytes > *max) {
+        return Err(ProvisionError::Infeasible(format!(
+            "the claim asks for {} bytes, more than the class's maxSize ({max} bytes)",
+            claim.requested_bytes
+        )));
+    }
     if claim.volume_mode == VolumeMode::Block {
         return Err(ProvisionError::Infeasible(
             "nfs-subdir makes filesystem volumes only: volumeMode Block is not supported".into(),
@@ -474,7 +482,50 @@ impl Provisioner for NfsSubdir {
     }
 }
 
-sdk::export!(NfsSubdir);
+impl Expander for NfsSubdir {
+    /// An NFS directory has no size: the new size is checked against the class's
+    /// `maxSize`, the volume's directory must still be there, and the size is recorded
+    /// (on the PV, by the host), not enforced.
+    fn expand(req: &ExpandRequest) -> Result<u64, ExpandError> {
+        let pv = &req.volume;
+        let name = path::check_pv_name(&pv.name)?;
+        let VolumeSource::Nfs(nfs) = &pv.source else {
+            return Err(ExpandError::Failed(format!(
+                "PV {name} is not an nfs volume: not made by nfs-subdir"
+            )));
+        };
+        let class = Params::new(&req.class_parameters);
+        class.reject_unknown(KNOWN)?;
+        if let Some(max) = class
+            .bytes("maxSize")?
+            .filter(|max| req.requested_bytes > *max)
+        {
+            return Err(ExpandError::Infeasible(format!(
+                "the claim asks for {} bytes, more than the class's maxSize ({max} bytes)",
+                req.requested_bytes
+            )));
+        }
+        let share = class.absolute_path("share", None, SHARE_HINT)?;
+        let guest_root = class.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?;
+        let rel = relative_to_share(&nfs.path, &share)
+            .map_err(|e| ExpandError::Failed(format!("PV {name}: {e}")))?;
+        check_root(&guest_root).map_err(ExpandError::Failed)?;
+        if !walk(&guest_root, &rel).map_err(ExpandError::Failed)? {
+            return Err(ExpandError::Failed(format!(
+                "the directory of PV {name} ({}) is gone",
+                path::join(&guest_root, &rel)
+            )));
+        }
+        log::info!(
+            "volume expanded (its size is recorded, not enforced)",
+            volume = name,
+            bytes = req.requested_bytes
+        );
+        Ok(req.requested_bytes)
+    }
+}
+
+sdk::export!(NfsSubdir, capabilities: [expand]);
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 use super::*;
-use sdk::testing::{delete_request, provision_request, string_map};
+use sdk::testing::{delete_request, expand_request, provision_request, string_map};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -525,4 +525,53 @@ fn large_volumes_are_deleted_in_chunks() {
         !root.0.join(".wasm-provisioner-trash").exists(),
         "the empty trash is removed"
     );
+}
+
+#[test]
+fn expand_records_the_size_within_max_size() {
+    let root = Root::new();
+    let params = [
+        ("server", "nfs.example"),
+        ("share", "/srv/nfs"),
+        ("guestRoot", root.s()),
+        ("maxSize", "4Gi"),
+    ];
+    let req = provision_request(&params);
+    let v = NfsSubdir::provision(&req).unwrap();
+    let grow = expand_request(&req, &v, &params, 2 << 30);
+    assert_eq!(NfsSubdir::expand(&grow), Ok(2 << 30));
+    // Idempotent: asked again, the same answer.
+    assert_eq!(NfsSubdir::expand(&grow), Ok(2 << 30));
+
+    let beyond = expand_request(&req, &v, &params, 5 << 30);
+    match NfsSubdir::expand(&beyond) {
+        Err(ExpandError::Infeasible(m)) => assert!(m.contains("maxSize"), "{m}"),
+        other => panic!("expected infeasible, got {other:?}"),
+    }
+
+    fs::remove_dir_all(root.0.join(format!("default-data-{PV}"))).unwrap();
+    match NfsSubdir::expand(&grow) {
+        Err(ExpandError::Failed(m)) => assert!(m.contains("is gone"), "{m}"),
+        other => panic!("expected failed, got {other:?}"),
+    }
+}
+
+#[test]
+fn provision_refuses_beyond_max_size() {
+    let root = Root::new();
+    let params = [
+        ("server", "nfs.example"),
+        ("share", "/srv/nfs"),
+        ("guestRoot", root.s()),
+        ("maxSize", "512Mi"),
+    ];
+    let m = infeasible(NfsSubdir::provision(&provision_request(&params)));
+    assert!(m.contains("maxSize"), "{m}");
+    let bad = [
+        ("server", "nfs.example"),
+        ("share", "/srv/nfs"),
+        ("maxSize", "big"),
+    ];
+    let m = infeasible(NfsSubdir::provision(&provision_request(&bad)));
+    assert!(m.contains("maxSize"), "{m}");
 }
