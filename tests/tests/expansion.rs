@@ -166,6 +166,18 @@ async fn a_hostpath_volume_is_expanded() {
         );
         let failed = claim_events(fx, "data", "VolumeResizeFailed").await?;
         ensure!(failed.is_empty(), "{failed:?}");
+        // Once: the echoes of the host's own writes (the claim's status, the PV) do not
+        // expand it, or finish it, again.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let calls = host.metric(
+            "wasm_provisioner_guest_call_duration_seconds_count{call=\"expand\",module=\"hostpath\",outcome=\"ok\"}",
+        );
+        ensure!(calls == Some(1.0), "expand called {calls:?} times\n{}", host.log_tail());
+        let succeeded = claim_events(fx, "data", "VolumeResizeSuccessful").await?;
+        ensure!(
+            succeeded.len() == 1 && succeeded[0].1 == 1,
+            "{succeeded:?}"
+        );
         Ok(())
     })
     .await;

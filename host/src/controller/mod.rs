@@ -230,6 +230,7 @@ fn sweep_retries(context: &Context) {
     context.claim_retries.retain(|key| claims.contains(key));
     context.expansion_retries.retain(|key| claims.contains(key));
     expansion::retain_told(|key| claims.contains(key));
+    expansion::retain_finished(|key| claims.contains(key));
     let volumes: std::collections::HashSet<String> = context
         .volumes
         .state()

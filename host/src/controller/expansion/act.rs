@@ -26,7 +26,7 @@ pub(super) async fn learn(attempt: &mut Attempt<'_>, step: &Step) -> Result<(), 
 /// Performs a step that ends the reconcile.
 pub(super) async fn conclude(attempt: &mut Attempt<'_>, step: Step) -> Result<Action, Error> {
     match step {
-        Step::LeaveAlone => Ok(Action::await_change()),
+        Step::LeaveAlone | Step::AlreadyDone => Ok(Action::await_change()),
         Step::Unreadable => Ok(outcome::unreadable(attempt)),
         Step::Settled => Ok(outcome::settled(attempt)),
         Step::ClearMarks => outcome::clear_marks(attempt).await,

@@ -10,7 +10,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::decision::{Answer, Module, Rules, Snapshot};
-use super::told;
+use super::{finished, told};
 use crate::controller::Context;
 use crate::controller::calls::call_failure;
 use crate::controller::claims::decision::Lookup;
@@ -148,6 +148,7 @@ impl<'c> Attempt<'c> {
             now: Instant::now(),
             retry: self.ctx.expansion_retries.record(&self.key),
             told: told::was_told(&self.key, &self.requested().0),
+            finished: finished::was_finished(&self.key, &self.requested().0),
             module: self.module.as_ref().map(|module| match module {
                 Ok(module) if module.has(Capability::Expand) => Module::Expands,
                 Ok(_) => Module::CannotExpand,

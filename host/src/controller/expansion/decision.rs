@@ -72,6 +72,9 @@ pub struct Snapshot<'a> {
     /// A refusal of this request (a shrink, a module that cannot expand, a class that
     /// does not allow it) was told already.
     pub told: bool,
+    /// This process finished the expansion to this request already (the cache is
+    /// behind its last write).
+    pub finished: bool,
     pub module: Lookup<Module>,
     /// In this reconcile, the claim was marked in progress.
     pub marked: bool,
@@ -108,6 +111,8 @@ pub enum Step {
     Settled,
     /// Nothing to expand, but an earlier expansion's marks are left on the claim: they go.
     ClearMarks,
+    /// This process finished this request's expansion; the cache is behind.
+    AlreadyDone,
     /// Waiting out a back-off while the request is unchanged.
     WaitHeld(Duration),
     /// The volume is as large as asked (expanded now, or before a crash): the claim's
@@ -194,6 +199,9 @@ pub fn decide(s: &Snapshot) -> Step {
         } else {
             Step::Settled
         };
+    }
+    if s.finished {
+        return Step::AlreadyDone;
     }
     retries(s, sizes)
         .or_else(|| volume(s, sizes))

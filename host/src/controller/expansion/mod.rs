@@ -26,18 +26,21 @@
 //! - [`decision`]: the whole decision table, pure;
 //! - [`act`]: a step performed, by [`expand`] or [`outcome`]; the writes in [`status`];
 //! - [`error`]: why a reconcile did not finish, and how the claim is retried;
-//! - [`told`]: the refusals told, one per request.
+//! - [`told`], [`finished`]: the refusals told, one per request; the expansions this
+//!   process finished that the cache may not show yet.
 
 mod act;
 mod attempt;
 pub mod decision;
 mod error;
 mod expand;
+mod finished;
 mod outcome;
 mod status;
 mod told;
 
 pub use error::{Error, error_policy};
+pub(super) use finished::retain as retain_finished;
 pub use outcome::IN_BACKGROUND_REQUEUE;
 pub(super) use told::retain as retain_told;
 

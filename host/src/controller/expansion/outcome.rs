@@ -11,7 +11,7 @@ use super::attempt::Attempt;
 use super::decision::fingerprint;
 use super::error::Error;
 use super::expand::expand_outcome;
-use super::{status, told};
+use super::{finished, status, told};
 use crate::controller::claims::decision::Lookup;
 use crate::controller::shares;
 use wasm_provisioner_rules::types::ExpandError;
@@ -35,6 +35,7 @@ fn count(attempt: &Attempt<'_>, outcome: &str) {
 pub(super) fn settled(attempt: &Attempt<'_>) -> Action {
     attempt.ctx.expansion_retries.forget(&attempt.key);
     told::forget(&attempt.key);
+    finished::forget(&attempt.key);
     Action::await_change()
 }
 
@@ -72,6 +73,7 @@ pub(super) async fn finish(attempt: &Attempt<'_>) -> Result<Action, Error> {
     }
     ctx.expansion_retries.forget(&attempt.key);
     told::forget(&attempt.key);
+    finished::remember(&attempt.key, &attempt.requested().0);
     ctx.events
         .expansion_normal(
             &claim,

@@ -18,6 +18,7 @@ struct Case {
     now: Instant,
     retry: RetryRecord,
     told: bool,
+    finished: bool,
     module: Lookup<Module>,
     marked: bool,
     answer: Option<Answer>,
@@ -64,6 +65,7 @@ impl Case {
             now: Instant::now(),
             retry: RetryRecord::default(),
             told: false,
+            finished: false,
             module: Lookup::NotLooked,
             marked: false,
             answer: None,
@@ -82,6 +84,7 @@ impl Case {
             now: self.now,
             retry: self.retry.clone(),
             told: self.told,
+            finished: self.finished,
             module: self.module,
             marked: self.marked,
             answer: self.answer,
@@ -214,6 +217,23 @@ fn rows() -> Vec<Row> {
                 }));
             },
             Step::ClearMarks,
+        ),
+        (
+            "finished by this process, the cache still showing it in progress: not again",
+            |c| {
+                c.status(in_progress_for_2gi());
+                c.volume_size("2Gi");
+                c.finished = true;
+            },
+            Step::AlreadyDone,
+        ),
+        (
+            "finished by this process, and the cache shows it: settled",
+            |c| {
+                c.status(json!({ "capacity": { "storage": "2Gi" } }));
+                c.finished = true;
+            },
+            Step::Settled,
         ),
         (
             "held for a back-off while the request is unchanged",
