@@ -14,6 +14,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 use wasm_provisioner_rules::types::{Capability, ExpandError, ExpandRequest, PublishedVolume};
+use wasm_provisioner_tests::access::{Access, deploy_rules};
 use wasm_provisioner_tests::fixture::{Fixture, scenario};
 use wasm_provisioner_tests::guests;
 use wasm_provisioner_tests::host::Host;
@@ -108,13 +109,17 @@ async fn expandable_class(fx: &mut Fixture, parameters: &[(&str, &str)]) -> anyh
 
 /// The whole expansion: kube-controller-manager's `ExternalExpanding`, then the host's
 /// `Resizing` and `VolumeResizeSuccessful`, the PV and the claim's status at the new
-/// size, no resize condition or status left, the expansion counted.
+/// size, no resize condition or status left, the expansion counted. The host leads
+/// (leader election on) and runs with exactly the RBAC of `deploy/rbac.yaml`.
 #[tokio::test]
 async fn a_hostpath_volume_is_expanded() {
     scenario("expand", async |fx| {
+        let (cluster_rules, leader_rules) = deploy_rules()?;
+        let access = Access::grant(fx, cluster_rules, leader_rules).await?;
         fx.install_module("hostpath", "hostpath");
         let class = expandable_class(fx, &[("maxSize", "4Gi")]).await?;
-        let host = fx.host(&[]);
+        let namespace_flag = format!("--leader-election-namespace={}", fx.ctx.namespace);
+        let host = Host::start(&access.host_config(fx, &["--leader-elect=true", &namespace_flag]))?;
         fx.claim("data", &class, "1Gi", json!({})).await?;
         let pv = fx.wait_bound("data").await?;
         let pv = pv.metadata.name.clone().unwrap_or_default();
@@ -178,6 +183,8 @@ async fn a_hostpath_volume_is_expanded() {
             succeeded.len() == 1 && succeeded[0].1 == 1,
             "{succeeded:?}"
         );
+        drop(host);
+        access.revoke().await?;
         Ok(())
     })
     .await;
