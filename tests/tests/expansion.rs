@@ -335,6 +335,90 @@ async fn a_module_without_expand_says_so_once() {
     .await;
 }
 
+/// How many `expand` calls of module `echo` answered `outcome` (`ok`, or the error).
+fn echo_expands(host: &Host, outcome: &str) -> f64 {
+    host.metric(&format!(
+        "wasm_provisioner_guest_call_duration_seconds_count{{call=\"expand\",module=\"echo\",outcome=\"{outcome}\"}}"
+    ))
+    .unwrap_or_default()
+}
+
+/// A module expanding in the background is asked again soon, the claim still in
+/// progress and nothing told as a failure; a failure is a `VolumeResizeFailed` Warning
+/// with its message and a `ControllerResizeError` condition, retried with back-off;
+/// the next success clears it all. (The echo guest answers what a file says.)
+#[tokio::test]
+async fn an_expansion_in_the_background_or_failing_is_asked_again() {
+    scenario("expand-again", async |fx| {
+        fx.install_module("test-echo", "echo");
+        let outcome = fx.module_data("echo").join("expand");
+        std::fs::write(&outcome, "in-background")?;
+        let class = fx
+            .class(
+                "echo",
+                &[("expandOutcomeFile", "/volumes/expand")],
+                json!({ "allowVolumeExpansion": true }),
+            )
+            .await?;
+        let host = fx.host(&[]);
+        fx.claim("data", &class, "1Gi", json!({})).await?;
+        let pv = fx.wait_bound("data").await?;
+        let pv = pv.metadata.name.clone().unwrap_or_default();
+        request(fx, "data", "2Gi").await?;
+
+        wait_for_answers(&host, "in_background", 2.0).await?;
+        let claim = fx.claims().get("data").await?;
+        ensure!(
+            storage_status(&claim) == Some("ControllerResizeInProgress"),
+            "{:?}",
+            claim.status
+        );
+        let failed = claim_events(fx, "data", "VolumeResizeFailed").await?;
+        ensure!(
+            failed.is_empty(),
+            "in the background is no failure: {failed:?}"
+        );
+        ensure!(volume_capacity(fx, &pv).await? == "1Gi");
+
+        std::fs::write(&outcome, "failed")?;
+        let note = fx
+            .wait_claim_event("data", "VolumeResizeFailed")
+            .await
+            .with_context(|| host.log_tail())?;
+        ensure!(note.contains("echo: failed"), "{note}");
+        fx.wait_claim("data", "a ControllerResizeError condition", |c| {
+            c.is_some_and(|c| condition_types(c).contains(&"ControllerResizeError".to_string()))
+        })
+        .await?;
+
+        std::fs::write(&outcome, "ok")?;
+        fx.wait_claim("data", "expanded to 2Gi, no resize marks", |c| {
+            c.is_some_and(|c| {
+                capacity(c) == Some("2Gi")
+                    && condition_types(c).is_empty()
+                    && storage_status(c).is_none()
+            })
+        })
+        .await
+        .with_context(|| host.log_tail())?;
+        ensure!(volume_capacity(fx, &pv).await? == "2Gi");
+        ensure!(echo_expands(&host, "ok") == 1.0, "{}", host.log_tail());
+        Ok(())
+    })
+    .await;
+}
+
+/// Waits until the echo module's `expand` answered `outcome` at least `count` times.
+async fn wait_for_answers(host: &Host, outcome: &str, count: f64) -> anyhow::Result<()> {
+    wasm_provisioner_tests::cluster::wait_for(
+        &format!("{count} expand answers {outcome}"),
+        wasm_provisioner_tests::fixture::WAIT,
+        || async { Ok((echo_expands(host, outcome) >= count).then_some(())) },
+    )
+    .await
+    .with_context(|| host.log_tail())
+}
+
 /// The nfs-subdir guest expands too, through the runtime: the size within the class's
 /// `maxSize` is answered (recorded, nothing to enforce on NFS), beyond it infeasible.
 #[tokio::test]

@@ -13,7 +13,10 @@
 //! overrides `outcome` (`ok` for success);
 //! `veto=true` makes `should-provision` answer false; `deleteOutcome` = failed | ignored
 //! makes `delete` answer that error with message `echo: <outcome>`; `deleteVeto=true`
-//! makes `should-delete` answer false. Every call logs `echo: <call>` with the volume.
+//! makes `should-delete` answer false. `expand` (capability `expand`) answers the size
+//! asked for, or, with `expandOutcome` = failed | in-background | infeasible (or the
+//! content of the file `expandOutcomeFile` names, `ok` for success), that error with
+//! message `echo: <outcome>`. Every call logs `echo: <call>` with the volume.
 use wasm_provisioner_sdk::{self as sdk, log, prelude::*};
 
 struct Echo;
@@ -236,7 +239,32 @@ impl Provisioner for Echo {
     }
 }
 
-sdk::export!(Echo);
+impl Expander for Echo {
+    fn expand(req: &ExpandRequest) -> Result<u64, ExpandError> {
+        log::info!(
+            "echo: expand",
+            volume = req.volume.name,
+            bytes = req.requested_bytes
+        );
+        let params = Params::new(&req.class_parameters);
+        let from_file = params
+            .get("expandOutcomeFile")
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .map(|text| text.trim().to_string());
+        let message = |o: &str| format!("echo: {o}");
+        match from_file.as_deref().or(params.get("expandOutcome")) {
+            None | Some("ok") => Ok(req.requested_bytes),
+            Some(o @ "failed") => Err(ExpandError::Failed(message(o))),
+            Some(o @ "in-background") => Err(ExpandError::InBackground(message(o))),
+            Some(o @ "infeasible") => Err(ExpandError::Infeasible(message(o))),
+            Some(o) => Err(ExpandError::Infeasible(format!(
+                "echo: unknown outcome {o}"
+            ))),
+        }
+    }
+}
+
+sdk::export!(Echo, capabilities: [expand]);
 
 #[cfg(test)]
 mod tests {
