@@ -278,7 +278,8 @@ async fn beyond_max_size_and_shrinks_are_refused() {
 }
 
 /// A module without the `expand` capability (the 0.1 build of hostpath): one clear
-/// `VolumeResizeFailed` naming the module, no retries, the volume unchanged.
+/// `VolumeResizeFailed` naming the module, no retries, the volume unchanged. Once a
+/// version that can expand is deployed, the next resync expands it.
 #[tokio::test]
 async fn a_module_without_expand_says_so_once() {
     scenario("expand-unsupported", async |fx| {
@@ -287,7 +288,7 @@ async fn a_module_without_expand_says_so_once() {
             fx.modules.join("hostpath.wasm"),
         )?;
         let class = expandable_class(fx, &[]).await?;
-        let host = fx.host(&[]);
+        let host = fx.host(&["--resync-period=8s"]);
         fx.claim("data", &class, "1Gi", json!({})).await?;
         let pv = fx.wait_bound("data").await?;
         let pv = pv.metadata.name.clone().unwrap_or_default();
@@ -330,6 +331,16 @@ async fn a_module_without_expand_says_so_once() {
             .and_then(|s| s.capacity)
             .and_then(|c| c.get("storage").map(|q| q.0.clone()));
         ensure!(size.as_deref() == Some("1Gi"), "{size:?}");
+
+        // The 0.2 build replaces it (hot reload): expanded at the next resync.
+        fx.install_module("hostpath", "hostpath");
+        fx.wait_claim("data", "expanded to 2Gi by the new version", |c| {
+            c.is_some_and(|c| capacity(c) == Some("2Gi") && storage_status(c).is_none())
+        })
+        .await
+        .with_context(|| host.log_tail())?;
+        let told = claim_events(fx, "data", "VolumeResizeFailed").await?;
+        ensure!(told.len() == 1 && told[0].1 == 1, "told {told:?}");
         Ok(())
     })
     .await;

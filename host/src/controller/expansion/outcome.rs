@@ -89,7 +89,8 @@ pub(super) async fn finish(attempt: &Attempt<'_>) -> Result<Action, Error> {
 }
 
 /// A refusal told once per request (a Warning), counted as `outcome`; no retry: the
-/// claim is looked at again when it (or its PV) changes.
+/// claim is looked at again when it (or its PV) changes, and once per resync period
+/// (a module version that can expand may have been deployed meanwhile), quietly.
 async fn refuse(attempt: &Attempt<'_>, tell: bool, outcome: &str, note: String) -> Action {
     if tell {
         warn!(claim = %attempt.claim_key(), "{note}");
@@ -101,7 +102,7 @@ async fn refuse(attempt: &Attempt<'_>, tell: bool, outcome: &str, note: String) 
             .expansion_warning(&attempt.claim, names::REASON_VOLUME_RESIZE_FAILED, note)
             .await;
     }
-    Action::await_change()
+    Action::requeue(attempt.ctx.settings.resync_period)
 }
 
 /// The claim asks for less than the volume is.
