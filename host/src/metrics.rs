@@ -505,6 +505,27 @@ mod tests {
         }
     }
 
+    #[test]
+    fn expansion_metric_names_and_labels_are_as_documented() {
+        let metrics = Metrics::new();
+        metrics
+            .expansions_total
+            .with_label_values(&["fast", "hostpath", "ok"])
+            .inc();
+        metrics
+            .expansion_duration
+            .with_label_values(&["fast", "hostpath"])
+            .observe(0.2);
+        let text = metrics.render();
+        for line in [
+            "wasm_provisioner_volume_expansions_total{class=\"fast\",module=\"hostpath\",outcome=\"ok\"} 1",
+            "wasm_provisioner_volume_expansion_duration_seconds_count{class=\"fast\",module=\"hostpath\"} 1",
+            "wasm_provisioner_given_up_total{queue=\"expansions\"} 0",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
     #[tokio::test]
     async fn compile_counters_are_exported_even_before_any_load() {
         let metrics = Metrics::new();
