@@ -15,7 +15,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 use wasm_provisioner_rules::types::{Capability, ExpandError, ExpandRequest, PublishedVolume};
 use wasm_provisioner_tests::access::{Access, deploy_rules};
-use wasm_provisioner_tests::fixture::{Fixture, scenario};
+use wasm_provisioner_tests::fixture::{Fixture, WAIT, scenario};
 use wasm_provisioner_tests::guests;
 use wasm_provisioner_tests::host::Host;
 
@@ -277,6 +277,52 @@ async fn beyond_max_size_and_shrinks_are_refused() {
     .await;
 }
 
+/// A host killed right after it wrote an expanded volume's PV capacity, before the
+/// claim's status: the next host finishes the claim from the PV, without asking the
+/// module again.
+#[tokio::test]
+async fn a_crash_after_the_pv_capacity_is_finished_without_another_call() {
+    scenario("expand-crash", async |fx| {
+        fx.install_module("hostpath", "hostpath");
+        let class = expandable_class(fx, &[]).await?;
+        let mut crashing = fx.host(&["--fault-exit-after=pv-capacity"]);
+        fx.claim("data", &class, "1Gi", json!({})).await?;
+        let pv = fx.wait_bound("data").await?;
+        let pv = pv.metadata.name.clone().unwrap_or_default();
+        request(fx, "data", "2Gi").await?;
+        let status = crashing.wait(WAIT)?;
+        ensure!(status.code() == Some(137), "the fault hook exits like kill -9: {status:?}");
+        ensure!(volume_capacity(fx, &pv).await? == "2Gi", "the PV was written");
+        let claim = fx.claims().get("data").await?;
+        ensure!(
+            capacity(&claim) == Some("1Gi")
+                && storage_status(&claim) == Some("ControllerResizeInProgress"),
+            "the claim's status was not: {:?}",
+            claim.status
+        );
+
+        let host = fx.host(&[]);
+        fx.wait_claim("data", "finished at 2Gi, no resize marks", |c| {
+            c.is_some_and(|c| {
+                capacity(c) == Some("2Gi")
+                    && condition_types(c).is_empty()
+                    && storage_status(c).is_none()
+            })
+        })
+        .await
+        .with_context(|| host.log_tail())?;
+        fx.wait_claim_event("data", "VolumeResizeSuccessful").await?;
+        let calls = host
+            .metric(
+                "wasm_provisioner_guest_call_duration_seconds_count{call=\"expand\",module=\"hostpath\",outcome=\"ok\"}",
+            )
+            .unwrap_or_default();
+        ensure!(calls == 0.0, "the module was asked again: {calls}\n{}", host.log_tail());
+        Ok(())
+    })
+    .await;
+}
+
 /// A module without the `expand` capability (the 0.1 build of hostpath): one clear
 /// `VolumeResizeFailed` naming the module, no retries, the volume unchanged. Once a
 /// version that can expand is deployed, the next resync expands it.
@@ -423,7 +469,7 @@ async fn an_expansion_in_the_background_or_failing_is_asked_again() {
 async fn wait_for_answers(host: &Host, outcome: &str, count: f64) -> anyhow::Result<()> {
     wasm_provisioner_tests::cluster::wait_for(
         &format!("{count} expand answers {outcome}"),
-        wasm_provisioner_tests::fixture::WAIT,
+        WAIT,
         || async { Ok((echo_expands(host, outcome) >= count).then_some(())) },
     )
     .await

@@ -1,7 +1,7 @@
 //! Crash points for the chaos tests (hidden flags `--fault-exit-after` and
 //! `--fault-exit-probability`): right after a step that changes something, the process
 //! exits with status 137 as a `kill -9` would, with the given probability. The steps
-//! are every write of a provision or a delete, so the tests can check that a crash at
+//! are every write of a provision, a delete or an expansion, so the tests can check that a crash at
 //! any of them leaves no orphan and no duplicate. Never use them in production.
 
 use tracing::warn;
@@ -23,6 +23,12 @@ pub enum Step {
     GuestDelete,
     /// The PV was deleted.
     PvDelete,
+    /// A claim was marked as being expanded.
+    ExpansionMark,
+    /// The guest's expand call answered a size.
+    GuestExpand,
+    /// An expanded volume's PV capacity was written (its claim's status not yet).
+    PvCapacity,
 }
 
 /// Which steps crash the process, and how likely.

@@ -12,6 +12,7 @@ use super::error::Error;
 use super::status;
 use crate::controller::calls::{InFlight, observe_call};
 use crate::controller::claims::decision::Lookup;
+use crate::controller::faults::Step as Fault;
 use wasm_provisioner_rules::types::ExpandError;
 use wasm_provisioner_rules::{expand, names, quantity};
 use wasm_provisioner_runtime::{Call, CallError};
@@ -54,6 +55,9 @@ pub(super) async fn mark_in_progress(attempt: &mut Attempt<'_>) -> Result<(), Er
     let claim = status::patch_claim(ctx, &attempt.claim, patch, "claim expansion mark").await?;
     attempt.claim = Arc::new(claim);
     attempt.marked = true;
+    ctx.settings
+        .faults
+        .after(Fault::ExpansionMark, &attempt.claim_key());
     let note = format!(
         "module {} is expanding volume {} from {} to {}",
         attempt.module_name(),
@@ -89,6 +93,11 @@ pub(super) async fn expand(attempt: &mut Attempt<'_>) -> Result<(), Error> {
     drop(in_flight);
     let answer = answer?;
     observe_call(ctx, &module, Call::Expand, started, expand_outcome(&answer));
+    if let Ok(Ok(_)) = answer {
+        ctx.settings
+            .faults
+            .after(Fault::GuestExpand, &attempt.claim_key());
+    }
     attempt.started = Some(started);
     attempt.answer = Some(answer);
     Ok(())
@@ -112,6 +121,11 @@ pub(super) async fn save_capacity(attempt: &mut Attempt<'_>) -> Result<(), Error
     };
     let capacity = quantity::format_bytes(bytes);
     status::save_capacity(attempt.ctx, &attempt.claim, attempt.pv(), &capacity).await?;
+    attempt
+        .ctx
+        .settings
+        .faults
+        .after(Fault::PvCapacity, &attempt.pv().name_any());
     info!(
         claim = %attempt.claim_key(),
         volume = %attempt.pv().name_any(),
