@@ -258,7 +258,7 @@ pub struct Metrics {
     pub delete_duration: HistogramVec,
     /// From the claim's creation to the PV's creation, by class.
     pub claim_to_volume: HistogramVec,
-    /// Operations running now, by operation (provision, delete).
+    /// Operations running now, by operation (provision, delete, expand).
     pub in_flight: IntGaugeVec,
     /// Guest calls by module, call and outcome.
     pub guest_call_duration: HistogramVec,
@@ -361,7 +361,7 @@ impl Metrics {
             ),
             in_flight: gauge(
                 "wasm_provisioner_operations_in_flight",
-                "Provision and delete operations running now",
+                "Provision, delete and expand operations running now",
                 &["operation"],
             ),
             guest_call_duration: histogram(

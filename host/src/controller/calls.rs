@@ -122,7 +122,7 @@ pub(super) fn delete_outcome(answer: &Result<Result<(), DeleteError>, CallError>
 pub(super) struct InFlight(prometheus::IntGauge);
 
 impl InFlight {
-    /// Counts one `operation` ("provision", "delete") in flight.
+    /// Counts one `operation` ("provision", "delete", "expand") in flight.
     pub(super) fn start(ctx: &Context, operation: &str) -> Self {
         let gauge = ctx.metrics.in_flight.with_label_values(&[operation]);
         gauge.inc();
