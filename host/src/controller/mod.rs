@@ -15,6 +15,7 @@ mod journal;
 mod pool_full;
 mod recent;
 pub mod retry;
+pub mod secrets;
 pub mod shares;
 mod static_volumes;
 mod storm;

@@ -10,6 +10,7 @@ use super::decision::fingerprint;
 use super::key::key;
 use crate::controller::journal::JournalError;
 use crate::controller::retry::Next;
+use crate::controller::secrets::SecretError;
 use crate::controller::{Context, shares};
 use crate::leader::NotLeader;
 use wasm_provisioner_rules::claim::ClaimView;
@@ -51,6 +52,13 @@ pub enum Error {
     },
     #[error(transparent)]
     Request(#[from] request::Error),
+    /// The class names a Secret the module cannot have (not granted, missing, unreadable).
+    #[error("claim {claim}: {source}")]
+    Secret {
+        claim: String,
+        #[source]
+        source: SecretError,
+    },
     #[error(transparent)]
     Volume(#[from] volume::Error),
     #[error("claim {claim}: {source}")]
@@ -130,6 +138,7 @@ impl Error {
                 problem.metric_label()
             }
             Error::Request(error) => error.metric_label(),
+            Error::Secret { source, .. } => source.metric_label(),
             Error::Volume(error) => error.metric_label(),
             Error::Call { source, .. } => source.metric_label(),
             Error::Outcome { outcome, .. } => outcome,
