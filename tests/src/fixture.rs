@@ -328,6 +328,51 @@ impl Fixture {
         Ok(())
     }
 
+    /// Creates a Node the scheduler can place pods on: Ready, with room for 110 pods
+    /// (4 CPUs, 8 GiB), and its `kubernetes.io/hostname` label. No kubelet runs: pods
+    /// bound to it never start. Nodes are cluster-wide: the caller deletes them.
+    pub async fn schedulable_node(&self, name: &str) -> anyhow::Result<()> {
+        let nodes = Api::<Node>::all(self.ctx.client.clone());
+        nodes
+            .create(&PostParams::default(), &node_object(name))
+            .await
+            .with_context(|| format!("creating Node {name}"))?;
+        let resources = json!({ "cpu": "4", "memory": "8Gi", "pods": "110" });
+        let status = json!({
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "a test node (no kubelet runs)",
+                    "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                    "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                }],
+            }
+        });
+        nodes
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&status),
+            )
+            .await
+            .with_context(|| format!("making Node {name} Ready"))?;
+        // Admission taints a new Node not-ready; the node lifecycle controller (not run
+        // here) would lift it once the node reports Ready.
+        nodes
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&json!({ "spec": { "taints": null } })),
+            )
+            .await
+            .with_context(|| format!("lifting Node {name}'s not-ready taint"))?;
+        Ok(())
+    }
+
     /// Creates the Nodes `prefix-0..n` (with their `kubernetes.io/hostname` label), 32
     /// requests in flight. Nodes are cluster-wide: the caller deletes them
     /// ([`Fixture::delete_nodes`]).
