@@ -13,7 +13,7 @@ use tracing::{debug, info};
 use super::attempt::{Attempt, NoModule};
 use super::error::Error;
 use super::key::class_label;
-use super::{finalizer, told};
+use super::{finalizer, outcome, told};
 use crate::controller::calls::{InFlight, call, delete_outcome, observe_call};
 use crate::controller::claims::decision::{Lookup, Share};
 use crate::controller::faults::Step as Fault;
@@ -98,18 +98,7 @@ pub(super) async fn ask_should_delete(attempt: &mut Attempt<'_>) -> Result<(), E
         Ok(secret) => secret,
         Err(source) => {
             let message = format!("cannot hand the module its Secret: {source}");
-            ctx.events
-                .volume_warning(
-                    &attempt.pv,
-                    names::REASON_VOLUME_FAILED_DELETE,
-                    message.clone(),
-                )
-                .await;
-            return Err(Error::Delete {
-                volume: attempt.pv.name_any(),
-                cause: source.metric_label(),
-                message,
-            });
+            return Err(outcome::failed(attempt, source.metric_label(), message).await);
         }
     };
     let answer = call(
