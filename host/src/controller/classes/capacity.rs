@@ -39,8 +39,9 @@ pub(in crate::controller) async fn run(
             .into_iter()
             .filter_map(|class| {
                 let module = checks.module_with(&class, Capability::ReportCapacity)?;
+                let checks = checks.clone();
                 Some(async move {
-                    let answer = poll(&class, &module).await;
+                    let answer = poll(&checks, &class, &module).await;
                     (class.name_any(), module.name().to_string(), answer)
                 })
             })
@@ -82,7 +83,9 @@ pub(in crate::controller) async fn run(
     }
 }
 
+/// One `get-capacity` call, timed and counted (`wasm_provisioner_guest_call_*`).
 async fn poll(
+    checks: &ClassChecks,
     class: &StorageClass,
     module: &wasm_provisioner_runtime::LoadedModule,
 ) -> Result<BackendCapacity, String> {
@@ -91,7 +94,21 @@ async fn poll(
         node: None,
         context: CallContext::default(),
     };
-    match module.get_capacity(&request).await {
+    let started = std::time::Instant::now();
+    let answer = module.get_capacity(&request).await;
+    let outcome = match &answer {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(_)) => "failed",
+        Err(error) => error.metric_label(),
+    };
+    crate::controller::calls::observe(
+        &checks.metrics,
+        module,
+        wasm_provisioner_runtime::Call::GetCapacity,
+        started,
+        outcome,
+    );
+    match answer {
         Ok(Ok(capacity)) => Ok(capacity),
         Ok(Err(message)) => Err(format!("the module answered: {message}")),
         Err(error) => Err(error.to_string()),

@@ -107,7 +107,7 @@ impl ClassGate {
         let key = ClassChecks::key(class, module);
         self.0
             .verdicts
-            .get_or_ask(&key, || ask(module, class))
+            .get_or_ask(&key, || ask(&self.0.metrics, module, class))
             .await
             .map(|lookup| lookup.verdict)
             .ok_or_else(|| {

@@ -30,7 +30,7 @@ use wasm_provisioner_rules::claim::ClaimView;
 use wasm_provisioner_rules::names;
 use wasm_provisioner_rules::request::class_of;
 use wasm_provisioner_rules::types::Capability;
-use wasm_provisioner_runtime::{LoadedModule, Runtime, class_pin};
+use wasm_provisioner_runtime::{Call, LoadedModule, Runtime, class_pin};
 
 pub use gate::ClassGate;
 pub use verdicts::{Verdict, VerdictKey, Verdicts};
@@ -137,7 +137,7 @@ impl ClassChecks {
         let key = Self::key(class, module);
         let lookup = self
             .verdicts
-            .get_or_ask(&key, || ask(module, class))
+            .get_or_ask(&key, || ask(&self.metrics, module, class))
             .await?;
         self.metrics
             .class_valid
@@ -231,14 +231,24 @@ pub fn failed_note(module: &LoadedModule, error: &str) -> String {
     )
 }
 
-/// Asks `module`'s `validate-class` about `class`.
-async fn ask(module: &LoadedModule, class: &StorageClass) -> Option<Verdict> {
+/// Asks `module`'s `validate-class` about `class`; the call is timed and counted
+/// (`wasm_provisioner_guest_call_*{call="validate-class"}`, outcome `rejected` for a
+/// rejection).
+async fn ask(metrics: &Metrics, module: &LoadedModule, class: &StorageClass) -> Option<Verdict> {
     let class = match class_of(class) {
         Ok(class) => class,
         // Not one the host can put to a plugin at all (an unknown reclaim policy).
         Err(error) => return Some(Verdict::Rejected(error.to_string())),
     };
-    match module.validate_class(&class).await {
+    let started = std::time::Instant::now();
+    let answer = module.validate_class(&class).await;
+    let outcome = match &answer {
+        Ok(Ok(())) => "ok",
+        Ok(Err(_)) => "rejected",
+        Err(error) => error.metric_label(),
+    };
+    super::calls::observe(metrics, module, Call::ValidateClass, started, outcome);
+    match answer {
         Ok(Ok(())) => Some(Verdict::Valid),
         Ok(Err(message)) => Some(Verdict::Rejected(message)),
         Err(error) if error.is_busy() || error.is_pool_full() => None,
