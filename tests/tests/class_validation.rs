@@ -159,6 +159,56 @@ async fn a_rejected_class_fails_its_claims_without_provisioning_until_fixed() {
     .await;
 }
 
+/// A module whose `validate-class` traps: only its class's claims fail, saying the class
+/// could not be validated; the host and the other modules go on.
+#[tokio::test]
+async fn a_validation_that_traps_fails_only_its_class() {
+    scenario("class-validation-traps", async |fx| {
+        fx.install_module("test-trap", "trap");
+        fx.install_module("hostpath", "hostpath");
+        let trapping = fx
+            .class("trap", &[("calls", "validate-class")], json!({}))
+            .await?;
+        let good = fx
+            .class("hostpath", &[HOSTPATH_NODE_PATH], json!({}))
+            .await?;
+        let mut host = fx.host(&[]);
+
+        let note = wait_class_event(fx, &trapping, "ClassValidationFailed")
+            .await
+            .with_context(|| host.log_tail())?;
+        ensure!(
+            note.contains("could not validate") && note.contains("trap"),
+            "the Event says the validation failed: {note}"
+        );
+        fx.claim("trapped", &trapping, "1Gi", json!({})).await?;
+        fx.claim("fine", &good, "1Gi", json!({})).await?;
+        let failed = fx
+            .wait_claim_event("trapped", "ProvisioningFailed")
+            .await
+            .with_context(|| host.log_tail())?;
+        ensure!(
+            failed.contains("could not validate"),
+            "the claim is told its class could not be validated: {failed}"
+        );
+        fx.wait_bound("fine")
+            .await
+            .with_context(|| host.log_tail())?;
+        ensure!(
+            calls(&host, "trap", "provision") == 0.0,
+            "provision was called for a class that could not be validated\n{}",
+            host.log_tail()
+        );
+        ensure!(
+            host.exited().is_none(),
+            "the host exited\n{}",
+            host.log_tail()
+        );
+        Ok(())
+    })
+    .await;
+}
+
 /// Copies the last 0.1 build of hostpath (no `validate-class`: it vouches for no class)
 /// into the modules directory as `hostpath`; returns its sha256.
 fn install_hostpath_0_1(fx: &Fixture) -> String {
