@@ -537,7 +537,10 @@ fn the_class_validator_refuses_what_provision_would() {
         pairs.push(extra);
         NfsSubdir::validate_class(&class(&pairs)).unwrap_err()
     };
-    assert!(with(("sahre", "/x")).contains("sahre"), "an unknown key is named");
+    assert!(
+        with(("sahre", "/x")).contains("sahre"),
+        "an unknown key is named"
+    );
     assert!(with(("guestRoot", "relative")).contains("guestRoot"));
     assert!(with(("onDelete", "shred")).contains("onDelete"));
     assert!(with(("pathPattern", "${.PVC.nme}")).contains("unknown variable"));
