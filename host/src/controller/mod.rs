@@ -469,8 +469,12 @@ pub async fn run(
     let journal_stop = CancellationToken::new();
     let journal_writer = tokio::spawn(journal.clone().run_writer(journal_stop.clone()));
 
-    class_checks.lead(events.clone(), watches.classes.clone());
     let (caches_synced_tx, caches_synced) = tokio::sync::watch::channel(false);
+    class_checks.lead(
+        events.clone(),
+        watches.classes.clone(),
+        caches_synced.clone(),
+    );
     let retries = |failure_threshold| {
         Retries::new(RetryPolicy {
             failure_threshold,

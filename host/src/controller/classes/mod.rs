@@ -49,10 +49,18 @@ pub struct ClassChecks {
     verdicts: Verdicts,
     /// While this process leads: its Event sink and its class cache. A standby writes
     /// no Events, and the gate lists the classes from the API.
-    leading: Mutex<Option<(EventSink, Store<StorageClass>)>>,
+    leading: Mutex<Option<Leading>>,
     /// The `class_valid` series set, so those of classes gone can be removed.
     published: Mutex<HashSet<(String, String)>>,
 }
+
+/// The leader's Event sink, its class cache, and whether its caches hold their first
+/// list yet.
+type Leading = (
+    EventSink,
+    Store<StorageClass>,
+    tokio::sync::watch::Receiver<bool>,
+);
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
@@ -77,9 +85,14 @@ impl ClassChecks {
     }
 
     /// From now on (this process leads) verdicts are told with Events through `events`,
-    /// and the gate reads the classes from `classes`.
-    pub(super) fn lead(&self, events: EventSink, classes: Store<StorageClass>) {
-        *lock(&self.leading) = Some((events, classes));
+    /// and the gate reads the classes from `classes` once `synced`.
+    pub(super) fn lead(
+        &self,
+        events: EventSink,
+        classes: Store<StorageClass>,
+        synced: tokio::sync::watch::Receiver<bool>,
+    ) {
+        *lock(&self.leading) = Some((events, classes, synced));
     }
 
     /// The controllers stopped: no more Events.
@@ -90,7 +103,7 @@ impl ClassChecks {
     fn events(&self) -> Option<EventSink> {
         lock(&self.leading)
             .as_ref()
-            .map(|(events, _)| events.clone())
+            .map(|(events, _, _)| events.clone())
     }
 
     pub fn is_ours(&self, class: &StorageClass) -> bool {
@@ -191,12 +204,13 @@ impl ClassChecks {
         }
     }
 
-    /// The classes of ours naming module `name`: the leader's cache, else (a standby)
-    /// read from the API.
+    /// The classes of ours naming module `name`: the leader's cache once it holds its
+    /// first list, else (a standby, or a leader just started) read from the API.
     async fn classes_of(&self, name: &str) -> Result<Vec<StorageClass>, kube::Error> {
-        let cached = lock(&self.leading)
+        let store = lock(&self.leading)
             .as_ref()
-            .map(|(_, classes)| classes.state());
+            .map(|(_, classes, synced)| (classes.clone(), synced.clone()));
+        let cached = store.and_then(|(store, synced)| (*synced.borrow()).then(|| store.state()));
         let classes: Vec<StorageClass> = match cached {
             Some(classes) => classes.iter().map(|c| c.as_ref().clone()).collect(),
             None => {
