@@ -150,6 +150,16 @@ pub const REASON_VOLUME_DELETE_GAVE_UP: &str = "VolumeDeleteGaveUp";
 /// Normal, on the PV, once per volume and host process: the plugin answered
 /// `in-background` (a large volume deleted in chunks); the host keeps asking. (Our own.)
 pub const REASON_VOLUME_DELETING: &str = "VolumeDeleting";
+/// Warning, on the StorageClass: its module's `validate-class` rejected it (the note
+/// is the module's message); its claims fail at once without `provision`. (Our own.)
+pub const REASON_CLASS_REJECTED: &str = "ClassRejected";
+/// Warning, on the StorageClass: its module's `validate-class` call failed (trapped,
+/// timed out); its claims fail at once, saying so. (Our own.)
+pub const REASON_CLASS_VALIDATION_FAILED: &str = "ClassValidationFailed";
+/// Warning, on the StorageClass: a new version of its module rejects the class (or
+/// fails to validate it) although the version in service accepts it, so the new
+/// version was held back and the old one keeps serving. (Our own.)
+pub const REASON_MODULE_VERSION_HELD_BACK: &str = "ModuleVersionHeldBack";
 
 /// Namespace of Events about cluster-scoped objects (PVs).
 pub const EVENT_NAMESPACE_CLUSTER_SCOPED: &str = "default";

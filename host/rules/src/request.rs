@@ -211,7 +211,9 @@ fn claim_of(claim: &PersistentVolumeClaim, key: &str) -> Result<types::Claim, Er
     })
 }
 
-fn class_of(class: &StorageClass) -> Result<types::Class, Error> {
+/// A StorageClass as a plugin sees it (`validate-class`, `get-capacity`, and the class of
+/// a `provision-request`).
+pub fn class_of(class: &StorageClass) -> Result<types::Class, Error> {
     let name = class.metadata.name.clone().unwrap_or_default();
     let reclaim_policy = match class.reclaim_policy.as_deref() {
         None | Some(names::RECLAIM_DELETE) => types::ReclaimPolicy::Delete,

@@ -38,6 +38,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the provisioner controller against the cluster.
@@ -240,6 +242,7 @@ pub const DEFAULT_KUBE_API_BURST: u32 = 300;
 pub const DEFAULT_PV_SAVE_RETRIES: u32 = 5;
 pub const DEFAULT_PV_SAVE_INTERVAL: &str = "10s";
 pub const DEFAULT_EVENT_MAX_DELAY: &str = "30s";
+pub const DEFAULT_CAPACITY_POLL_INTERVAL: &str = "60s";
 
 /// The controller's flags (the plugin flags are in `PluginArgs`).
 #[derive(Debug, Clone, Args)]
@@ -310,6 +313,12 @@ pub struct ControllerArgs {
     /// once. Warnings never wait.
     #[arg(long, env = "WASM_PROVISIONER_EVENT_MAX_DELAY", default_value = DEFAULT_EVENT_MAX_DELAY, value_parser = humantime::parse_duration)]
     pub event_max_delay: Duration,
+
+    /// How often the leader asks the module of each class of ours that reports capacity
+    /// (`get-capacity`) for its backend's space, exported as
+    /// wasm_provisioner_backend_capacity_bytes.
+    #[arg(long, env = "WASM_PROVISIONER_CAPACITY_POLL_INTERVAL", default_value = DEFAULT_CAPACITY_POLL_INTERVAL, value_parser = humantime::parse_duration)]
+    pub capacity_poll_interval: Duration,
 
     /// Average Kubernetes API requests per second of this process.
     #[arg(long, env = "WASM_PROVISIONER_KUBE_API_QPS", default_value_t = DEFAULT_KUBE_API_QPS)]
@@ -389,6 +398,10 @@ impl ControllerArgs {
             volume_protection_finalizer: self.volume_protection_finalizer,
             provision_before_binder: self.provision_before_binder,
             event_max_delay: self.event_max_delay,
+            // A zero interval would poll in a busy loop.
+            capacity_poll_interval: self
+                .capacity_poll_interval
+                .max(std::time::Duration::from_secs(1)),
             faults: Faults {
                 steps: self.fault_exit_after.clone(),
                 probability: self.fault_exit_probability,

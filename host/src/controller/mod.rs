@@ -8,6 +8,7 @@
 
 mod calls;
 pub mod claims;
+pub mod classes;
 mod events;
 pub mod faults;
 mod finalizers;
@@ -81,6 +82,9 @@ pub struct Settings {
     pub provision_before_binder: bool,
     /// The longest a Normal Event waits for a provisioning storm to pass ([`storm`]).
     pub event_max_delay: Duration,
+    /// How often the leader asks each class's module for its backend's capacity
+    /// ([`classes::capacity`]).
+    pub capacity_poll_interval: Duration,
 }
 
 /// Everything a reconcile needs.
@@ -114,6 +118,8 @@ pub struct Context {
     pub static_volumes: Arc<static_volumes::StaticVolumes>,
     /// Whether a provisioning storm is on (Normal Events wait for it, [`storm`]).
     pub storm: Arc<storm::Storm>,
+    /// The classes' verdicts ([`classes`]).
+    pub class_checks: Arc<classes::ClassChecks>,
 }
 
 impl Context {
@@ -345,6 +351,8 @@ struct Watches {
     volume_shares: Arc<WorkerShares<PersistentVolume>>,
     static_volumes: Arc<static_volumes::StaticVolumes>,
     storm: Arc<storm::Storm>,
+    /// Claims to reconcile again because their class's module changed ([`classes::run`]).
+    verdict_changed: futures::channel::mpsc::UnboundedSender<ObjectRef<PersistentVolumeClaim>>,
 }
 
 /// Starts the class and node watches (they run until `stop`) and makes the claim and
@@ -391,9 +399,14 @@ fn watch(
         WorkerShares::new("claims", settings.threads, metrics.module_waiting.clone());
     let (volume_shares, volume_wakeups) =
         WorkerShares::new("volumes", settings.threads, metrics.module_waiting.clone());
+    let (verdict_changed, verdict_wakeups) = futures::channel::mpsc::unbounded();
     let claim_feed = Feed {
         objects: cached(Api::all(client.clone()), claims_writer, |_| {}).boxed(),
-        triggers: vec![claim_wakeups.boxed(), class_wakeups.boxed()],
+        triggers: vec![
+            claim_wakeups.boxed(),
+            class_wakeups.boxed(),
+            verdict_wakeups.boxed(),
+        ],
     };
     let static_volumes = Arc::new(static_volumes::StaticVolumes::default());
     let storm = Arc::new(storm::Storm::new(&settings.provisioner_name));
@@ -416,11 +429,13 @@ fn watch(
         volume_shares,
         static_volumes,
         storm,
+        verdict_changed,
     }
 }
 
-/// Runs both controllers until `stop` is cancelled, then lets in-flight reconciles
-/// finish (graceful shutdown) and returns.
+/// Runs both controllers, the class checks and the capacity poll until `stop` is
+/// cancelled, then lets in-flight reconciles finish (graceful shutdown) and returns.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -428,6 +443,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     leadership: Leadership,
+    class_checks: Arc<classes::ClassChecks>,
     stop: CancellationToken,
 ) {
     let watcher_stop = CancellationToken::new();
@@ -455,6 +471,11 @@ pub async fn run(
     let journal_writer = tokio::spawn(journal.clone().run_writer(journal_stop.clone()));
 
     let (caches_synced_tx, caches_synced) = tokio::sync::watch::channel(false);
+    class_checks.lead(
+        events.clone(),
+        watches.classes.clone(),
+        caches_synced.clone(),
+    );
     let retries = |failure_threshold| {
         Retries::new(RetryPolicy {
             failure_threshold,
@@ -481,16 +502,43 @@ pub async fn run(
         recent: recent::Recent::default(),
         static_volumes: watches.static_volumes,
         storm: watches.storm,
+        class_checks,
     });
 
-    futures::future::join5(
-        claims::start(context.clone(), watches.claim_feed, stop.clone()),
-        volumes::start(context.clone(), watches.volume_feed, stop.clone()),
-        ready_once_synced(&context, &health, caches_synced_tx, &stop),
-        gauge_queues(&context, &stop),
-        sweep_journal_every(&context, &stop),
+    let class_loops = async {
+        tokio::select! {
+            _ = context.caches_synced() => {}
+            _ = stop.cancelled() => return,
+        }
+        futures::future::join(
+            classes::run(
+                context.class_checks.clone(),
+                context.classes.clone(),
+                context.claims.clone(),
+                watches.verdict_changed,
+                stop.clone(),
+            ),
+            classes::capacity::run(
+                context.class_checks.clone(),
+                context.classes.clone(),
+                context.settings.capacity_poll_interval,
+                stop.clone(),
+            ),
+        )
+        .await;
+    };
+    futures::future::join(
+        futures::future::join5(
+            claims::start(context.clone(), watches.claim_feed, stop.clone()),
+            volumes::start(context.clone(), watches.volume_feed, stop.clone()),
+            ready_once_synced(&context, &health, caches_synced_tx, &stop),
+            gauge_queues(&context, &stop),
+            sweep_journal_every(&context, &stop),
+        ),
+        class_loops,
     )
     .await;
+    context.class_checks.stand_down();
     journal_stop.cancel();
     if let Err(error) = journal_writer.await {
         warn!(%error, "provisioning journal writer failed");

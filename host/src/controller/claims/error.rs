@@ -81,6 +81,15 @@ pub enum Error {
         message: String,
         class_version: String,
     },
+    /// The class's module rejects the class (or could not validate it), under these
+    /// versions of the class and the module.
+    #[error("claim {claim}: {message}")]
+    ClassRejected {
+        claim: String,
+        message: String,
+        class_version: String,
+        module_sha256: String,
+    },
     /// The module's volume could not be published; it was deleted (`cleaned_up`), or
     /// deleting it failed too and the claim keeps the intent.
     #[error("claim {claim}: {message}")]
@@ -143,6 +152,7 @@ impl Error {
             Error::Call { source, .. } => source.metric_label(),
             Error::Outcome { outcome, .. } => outcome,
             Error::Infeasible { .. } => "infeasible",
+            Error::ClassRejected { .. } => "class_rejected",
             Error::Unpublished {
                 cleaned_up: true, ..
             } => "unpublishable",
@@ -188,6 +198,17 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
     match error {
         Error::Infeasible { class_version, .. } => {
             let delay = ctx.claim_retries.infeasible(&key, class_version);
+            ctx.claim_retries.hold(&key, print, delay);
+            Action::requeue(delay)
+        }
+        Error::ClassRejected {
+            class_version,
+            module_sha256,
+            ..
+        } => {
+            let delay = ctx
+                .claim_retries
+                .rejected(&key, class_version, module_sha256);
             ctx.claim_retries.hold(&key, print, delay);
             Action::requeue(delay)
         }
