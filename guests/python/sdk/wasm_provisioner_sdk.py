@@ -276,7 +276,8 @@ def export(plugin_class):
         raise RuntimeError(
             f"{plugin_class.__name__} has the capabilities [{', '.join(has)}] (the methods it "
             f"defines) but the world it is built for exports [{', '.join(exported)}]: build "
-            "with the world wasm_provisioner_world.py writes for this app (build.sh does)")
+            "with the world wasm_provisioner_world.py writes for this app (build.sh does); it "
+            "sees only methods defined in the app file, in the exported class or its bases there")
     listed = [getattr(types.Capability, cap) for method, cap, _, _ in CAPABILITIES
               if callable(getattr(plugin_class, method, None))]
 
