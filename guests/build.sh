@@ -85,7 +85,7 @@ put_in_dist() {
 
 for tool in python3 node npm; do
     if ! command -v "$tool" >/dev/null; then
-        echo "build.sh: $tool is missing: the Python and JavaScript guests need python3 (3.10+), node (18+) and npm" >&2
+        echo "build.sh: $tool is missing: the Python and JavaScript guests need python3 (3.10+), node (20.6+: componentize.mjs registers module hooks) and npm" >&2
         exit 1
     fi
 done
@@ -113,9 +113,13 @@ for app in python/*/app.py; do
     if [ ! -f "$built" ]; then
         echo "build.sh: componentize-py $guest_dir" >&2
         world="$(mktemp -d)"
-        python3 python/sdk/wasm_provisioner_world.py "$app" ../wit/0.2.0 "$world" >&2
-        "${componentize_py[@]}" -d "$world" -w guest componentize \
-            -p "$guest_dir" -p python/sdk app -o "$built.tmp.$$" >&2
+        if ! python3 python/sdk/wasm_provisioner_world.py "$app" ../wit/0.2.0 "$world" >&2 ||
+            ! "${componentize_py[@]}" -d "$world" -w guest componentize \
+                -p "$guest_dir" -p python/sdk app -o "$built.tmp.$$" >&2; then
+            rm -rf "$world" "$built.tmp.$$"
+            echo "build.sh: building $guest_dir failed" >&2
+            exit 1
+        fi
         rm -rf "$world"
         mv -f "$built.tmp.$$" "$built"
     fi

@@ -23,9 +23,9 @@
 // implements (`expand`, `getCapacity`, `validateClass`). `exportPlugin` fills
 // `describe`'s `capabilities` to match and returns the interface object of each one
 // (the others are undefined); the build (`componentize.mjs`) loads the app once in
-// Node with the host's imports stubbed, asks `exportPlugin` the same question
-// (`capabilitiesOf`) and builds the component for a world that exports exactly those
-// interfaces. So the list in `describe`, the exports and the methods always agree.
+// Node with the host's imports stubbed, sees which of those exports the app defined,
+// and builds the component for a world that exports exactly those interfaces. So the
+// list in `describe`, the exports and the methods always agree.
 //
 // Answers other than a volume (or a successful delete, or a new size) are thrown: `new
 // sdk.Infeasible(msg)`, `Failed`, `Ignored`, `InBackground`, `Reschedule`. A `ParamError`
