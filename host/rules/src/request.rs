@@ -83,6 +83,12 @@ pub fn provision_request(
     })
 }
 
+/// A StorageClass as a plugin sees it (`validate-class`, `get-capacity`, and inside
+/// `provision-request`): the upstream defaults filled in, the reserved parameters out.
+pub fn plugin_class(class: &StorageClass) -> Result<types::Class, Error> {
+    class_of(class)
+}
+
 /// A class's parameters as a plugin sees them: without the host's reserved keys
 /// (`module`, `moduleSHA256`), sorted by key.
 pub fn plugin_parameters(class: &StorageClass) -> types::StringMap {

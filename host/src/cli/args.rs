@@ -164,6 +164,15 @@ pub enum GuestCommand {
     Provision(GuestProvisionArgs),
     /// Delete the backend volume of a PersistentVolume with a module.
     Delete(GuestDeleteArgs),
+    /// Check a StorageClass with a module's `validate-class` (capability
+    /// validate-class): exits 0 when the module accepts it, 1 with its reason when not.
+    Validate(GuestValidateArgs),
+    /// Ask a module for the backend capacity of a StorageClass (capability
+    /// report-capacity) and print it (YAML).
+    Capacity(GuestCapacityArgs),
+    /// Grow the backend volume of a PersistentVolume with a module (capability expand)
+    /// and print the PV (YAML) with its new capacity.
+    Expand(GuestExpandArgs),
     /// Create a new guest project (Rust, Python or JavaScript) outside this repository:
     /// the WIT at this host's version, a plugin, build.sh, test.sh and a README.
     New(GuestNewArgs),
@@ -232,6 +241,62 @@ pub struct GuestDeleteArgs {
     /// StorageClass YAML file (its parameters go to the plugin).
     #[arg(long, env = "WASM_PROVISIONER_CLASS")]
     pub class: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestValidateArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// StorageClass YAML file.
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestCapacityArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// StorageClass YAML file.
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: PathBuf,
+
+    /// Node YAML file: the node whose capacity is asked (node-local mode).
+    #[arg(long, env = "WASM_PROVISIONER_NODE")]
+    pub node: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestExpandArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter, then to the
+    /// PV's `wasm-provisioner.dev/module` annotation.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// PersistentVolume YAML file (such as what `guest provision` printed).
+    #[arg(long, env = "WASM_PROVISIONER_VOLUME")]
+    pub volume: PathBuf,
+
+    /// StorageClass YAML file (its parameters go to the plugin).
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: Option<PathBuf>,
+
+    /// The size to grow to, a quantity such as `2Gi`: the claim's new request. It must
+    /// be larger than the PV's capacity.
+    #[arg(long, env = "WASM_PROVISIONER_SIZE")]
+    pub size: String,
 }
 
 /// Defaults, named once; docs/configuration.md lists them.
@@ -490,6 +555,63 @@ mod tests {
     }
 
     #[test]
+    fn guest_capability_commands_parse() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Validate(args),
+        }) = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "validate",
+            "--class",
+            "sc.yaml",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not guest validate");
+        };
+        assert_eq!(args.class, PathBuf::from("sc.yaml"));
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Capacity(args),
+        }) = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "capacity",
+            "--class",
+            "sc.yaml",
+            "--node",
+            "node.yaml",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not guest capacity");
+        };
+        assert_eq!(args.node, Some(PathBuf::from("node.yaml")));
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Expand(args),
+        }) = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "expand",
+            "--volume",
+            "pv.yaml",
+            "--size",
+            "2Gi",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not guest expand");
+        };
+        assert_eq!(args.size, "2Gi");
+        assert!(args.class.is_none());
+        // --size is required.
+        assert!(parse(&["wasm-provisioner", "guest", "expand", "--volume", "pv.yaml"]).is_err());
+    }
+
+    #[test]
     fn max_module_bytes_is_a_positive_byte_count_for_run_and_guest() {
         let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
         let plugins = |cli: Cli| match cli.command {
@@ -499,6 +621,15 @@ mod tests {
             }) => args.plugins,
             Command::Guest(GuestArgs {
                 command: GuestCommand::Delete(args),
+            }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Validate(args),
+            }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Capacity(args),
+            }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Expand(args),
             }) => args.plugins,
             Command::Guest(GuestArgs {
                 command: GuestCommand::New(_),
