@@ -243,29 +243,36 @@ pub enum DeleteOutcome {
 /// can loop until it exits 0.
 pub const EXIT_DELETE_IN_BACKGROUND: u8 = 3;
 
-/// Runs `guest delete`.
-pub async fn delete(args: &GuestDeleteArgs) -> Result<DeleteOutcome, GuestCliError> {
-    let pv: PersistentVolume = read_object("PersistentVolume", &args.volume)?;
-    let class: Option<StorageClass> = args
-        .class
-        .as_deref()
+/// The PV and class YAML files of a call on an existing volume, and the module that
+/// serves it: `--module`, else the class's `module` parameter, else the PV's annotation.
+fn volume_class_and_module(
+    volume: &Path,
+    class: Option<&Path>,
+    module: Option<&str>,
+) -> Result<(PersistentVolume, Option<StorageClass>, String), GuestCliError> {
+    let pv: PersistentVolume = read_object("PersistentVolume", volume)?;
+    let class: Option<StorageClass> = class
         .map(|path| read_object("StorageClass", path))
         .transpose()?;
     let parameters = class
         .as_ref()
-        .and_then(|c| c.parameters.clone())
-        .unwrap_or_default();
+        .and_then(|c| c.parameters.as_ref())
+        .and_then(|p| p.get(names::PARAM_MODULE))
+        .map(String::as_str);
     let annotated = pv
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(names::ANN_MODULE))
         .map(String::as_str);
-    let module_name = choose_module(
-        args.module.as_deref(),
-        parameters.get(names::PARAM_MODULE).map(String::as_str),
-        annotated,
-    )?;
+    let module_name = choose_module(module, parameters, annotated)?;
+    Ok((pv, class, module_name))
+}
+
+/// Runs `guest delete`.
+pub async fn delete(args: &GuestDeleteArgs) -> Result<DeleteOutcome, GuestCliError> {
+    let (pv, class, module_name) =
+        volume_class_and_module(&args.volume, args.class.as_deref(), args.module.as_deref())?;
     // Deletes use the version in service whatever the class pins: a pin guards new
     // volumes, and refusing a delete would leak the backend volume.
     let module = load(&args.plugins, &module_name, None).await?;
@@ -390,27 +397,8 @@ fn capacity_yaml(answer: &BackendCapacity) -> String {
 
 /// Runs `guest expand`; returns the PV as YAML with its new capacity.
 pub async fn expand(args: &GuestExpandArgs) -> Result<String, GuestCliError> {
-    let mut pv: PersistentVolume = read_object("PersistentVolume", &args.volume)?;
-    let class: Option<StorageClass> = args
-        .class
-        .as_deref()
-        .map(|path| read_object("StorageClass", path))
-        .transpose()?;
-    let parameters = class
-        .as_ref()
-        .and_then(|c| c.parameters.clone())
-        .unwrap_or_default();
-    let annotated = pv
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::ANN_MODULE))
-        .map(String::as_str);
-    let module_name = choose_module(
-        args.module.as_deref(),
-        parameters.get(names::PARAM_MODULE).map(String::as_str),
-        annotated,
-    )?;
+    let (mut pv, class, module_name) =
+        volume_class_and_module(&args.volume, args.class.as_deref(), args.module.as_deref())?;
     let requested_bytes =
         quantity::parse_bytes(&args.size).map_err(|source| GuestCliError::BadSize {
             size: args.size.clone(),
