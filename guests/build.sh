@@ -85,7 +85,7 @@ put_in_dist() {
 
 for tool in python3 node npm; do
     if ! command -v "$tool" >/dev/null; then
-        echo "build.sh: $tool is missing: the Python and JavaScript guests need python3 (3.10+), node (18+) and npm" >&2
+        echo "build.sh: $tool is missing: the Python and JavaScript guests need python3 (3.10+), node (20.6+: componentize.mjs registers module hooks) and npm" >&2
         exit 1
     fi
 done
@@ -101,16 +101,26 @@ install_atomically "$python_venv" install_venv
 componentize_py=("$python_venv/bin/python" -c
     'import sys; from componentize_py import script; sys.argv[0] = "componentize-py"; sys.exit(script())')
 
+# Each Python guest is built for its own world: contract 0.2's `plugin` plus an export
+# per optional capability its plugin implements (python/sdk/wasm_provisioner_world.py
+# reads the app and writes the world; the SDK checks it again during the build).
 for app in python/*/app.py; do
     guest_dir="$(dirname "$app")"
     name="$(basename "$guest_dir")"
     [ "$name" = sdk ] && continue
-    key="$(digest python/requirements.txt ../wit/0.1.0/*.wit python/sdk/*.py "$guest_dir"/*.py)"
+    key="$(digest python/requirements.txt ../wit/0.2.0/*.wit python/sdk/*.py "$guest_dir"/*.py)"
     built="$cache/polyglot-guests/$name-py-$key.wasm"
     if [ ! -f "$built" ]; then
         echo "build.sh: componentize-py $guest_dir" >&2
-        "${componentize_py[@]}" -d ../wit/0.1.0 -w provisioner componentize \
-            -p "$guest_dir" -p python/sdk app -o "$built.tmp.$$" >&2
+        world="$(mktemp -d)"
+        if ! python3 python/sdk/wasm_provisioner_world.py "$app" ../wit/0.2.0 "$world" >&2 ||
+            ! "${componentize_py[@]}" -d "$world" -w guest componentize \
+                -p "$guest_dir" -p python/sdk app -o "$built.tmp.$$" >&2; then
+            rm -rf "$world" "$built.tmp.$$"
+            echo "build.sh: building $guest_dir failed" >&2
+            exit 1
+        fi
+        rm -rf "$world"
         mv -f "$built.tmp.$$" "$built"
     fi
     put_in_dist "$name" "$built"
@@ -128,11 +138,12 @@ ln -sfn "$node_modules/node_modules" js/node_modules
 for app in js/*/app.js; do
     guest_dir="$(dirname "$app")"
     name="$(basename "$guest_dir")-js"
-    key="$(digest js/package-lock.json js/componentize.mjs js/world.wit ../wit/0.1.0/*.wit js/sdk/*.js "$guest_dir"/*.js)"
+    key="$(digest js/package-lock.json js/componentize.mjs js/world.wit ../wit/0.2.0/*.wit js/sdk/*.js "$guest_dir"/*.js)"
     built="$cache/polyglot-guests/$name-$key.wasm"
     if [ ! -f "$built" ]; then
         echo "build.sh: componentize-js $guest_dir" >&2
-        node js/componentize.mjs "$app" "$built.tmp.$$" ../wit/0.1.0 >&2
+        # componentize.mjs finds the plugin's capabilities and exports exactly those.
+        node js/componentize.mjs "$app" "$built.tmp.$$" ../wit/0.2.0 >&2
         mv -f "$built.tmp.$$" "$built"
     fi
     put_in_dist "$name" "$built"

@@ -277,6 +277,13 @@ pub struct Metrics {
     pub given_up: IntCounterVec,
     /// Reconciles that did not finish, by controller and the error's metric label.
     pub reconcile_errors: IntCounterVec,
+    /// 1 for a class its module accepts, 0 for one it rejects or could not validate,
+    /// by class and module (only modules with `validate-class`).
+    pub class_valid: IntGaugeVec,
+    /// The backend's space as `get-capacity` answers it, by class, module and kind.
+    pub backend_capacity: IntGaugeVec,
+    /// Capacity polls that failed, by class and module.
+    pub capacity_poll_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -413,6 +420,21 @@ impl Metrics {
                 "wasm_provisioner_reconcile_errors_total",
                 "Reconciles of claims (volumes) that did not finish and will be retried, by controller and error kind",
                 &["controller", "error"],
+            ),
+            class_valid: gauge(
+                "wasm_provisioner_class_valid",
+                "1 for a StorageClass its module's validate-class accepts, 0 for one it rejects or could not validate (its claims fail at once), by class and module",
+                &["class", "module"],
+            ),
+            backend_capacity: gauge(
+                "wasm_provisioner_backend_capacity_bytes",
+                "The backend's space for a StorageClass as its module's get-capacity answers it (polled every --capacity-poll-interval by the leader), by class, module and kind (total, available, maximum_volume)",
+                &["class", "module", "kind"],
+            ),
+            capacity_poll_failures: counter(
+                "wasm_provisioner_capacity_poll_failures_total",
+                "Capacity polls (get-capacity) that failed, by class and module; the class's capacity gauges are removed until a poll succeeds",
+                &["class", "module"],
             ),
             registry,
         }

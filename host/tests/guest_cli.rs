@@ -513,3 +513,243 @@ fn a_host_under_an_address_space_limit_runs_without_the_pool() {
     assert!(!stderr.contains("instance pool"), "no warning: {stderr}");
     assert_eq!(chosen.stdout, output.stdout, "the same volume again");
 }
+
+/// Runs `guest COMMAND` with the scratch's modules and grants and `args`.
+fn guest(scratch: &Scratch, command: &str, grants: &Path, args: &[&str]) -> Output {
+    let modules = scratch.path("modules");
+    let mut all = vec![
+        "guest",
+        command,
+        "--modules",
+        modules.to_str().unwrap(),
+        "--grants",
+        grants.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    scratch.run(&all)
+}
+
+fn hostpath_class_with(parameters: &str) -> String {
+    format!(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{ name: local }}\n\
+         provisioner: wasm-provisioner.dev\nallowVolumeExpansion: true\n\
+         parameters: {{ module: hostpath, nodePath: /var/lib/volumes{parameters} }}\n"
+    )
+}
+
+/// `guest validate`: the module's `validate-class` verdict, exit 0 or 1 with its reason.
+#[test]
+fn guest_validate_answers_the_modules_verdict_on_a_class() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let good = scratch.write("good.yaml", &hostpath_class_with(", maxSize: 2Gi"));
+    let output = guest(
+        &scratch,
+        "validate",
+        &grants,
+        &["--class", good.to_str().unwrap()],
+    );
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+    assert!(
+        stdout.contains("module hostpath") && stdout.contains("accepts the StorageClass local"),
+        "{stdout}"
+    );
+
+    // A typo and a bad value: refused with hostpath's own message, naming the class.
+    for (parameters, reason) in [
+        (
+            ", nodepath: /x",
+            "unknown StorageClass parameter(s) nodepath",
+        ),
+        (", pvType: nfs", "`pvType`"),
+    ] {
+        let bad = scratch.write("bad.yaml", &hostpath_class_with(parameters));
+        let output = guest(
+            &scratch,
+            "validate",
+            &grants,
+            &["--class", bad.to_str().unwrap()],
+        );
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{parameters}: {stderr}");
+        assert!(
+            stderr.contains("module hostpath")
+                && stderr.contains("refused the StorageClass local")
+                && stderr.contains(reason),
+            "{parameters}: {stderr}"
+        );
+        assert!(output.stdout.is_empty());
+    }
+}
+
+/// `guest capacity`: the backend's space as YAML, in bytes (the granted filesystem's).
+#[test]
+fn guest_capacity_prints_the_backends_space() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let class = scratch.write("sc.yaml", &hostpath_class_with(", maxSize: 1Mi"));
+    let node = scratch.write(
+        "node.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: { name: node-1, labels: { zone: a } }\n",
+    );
+    let output = guest(
+        &scratch,
+        "capacity",
+        &grants,
+        &[
+            "--class",
+            class.to_str().unwrap(),
+            "--node",
+            node.to_str().unwrap(),
+        ],
+    );
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+    let answer: serde_yaml::Value = serde_yaml::from_slice(&output.stdout).unwrap();
+    let total = answer["totalBytes"].as_u64().expect("totalBytes");
+    let available = answer["availableBytes"].as_u64().expect("availableBytes");
+    // The filesystem of the granted directory, as statvfs says.
+    let stat = statvfs_of(&scratch.path("granted"));
+    assert_eq!(total, stat.0, "{}", text(&output.stdout));
+    assert!(available > 0 && available <= total);
+    // The class's maxSize bounds one volume.
+    assert_eq!(answer["maximumVolumeBytes"].as_u64(), Some(1 << 20));
+}
+
+/// (total, available) bytes of the filesystem holding `path`.
+fn statvfs_of(path: &Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a zeroed out-parameter.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut stat) }, 0);
+    let frsize = stat.f_frsize as u64;
+    (stat.f_blocks as u64 * frsize, stat.f_bavail as u64 * frsize)
+}
+
+/// `guest expand`: the PV `guest provision` printed, grown to `--size` by the module,
+/// printed again with its new capacity; beyond the class's maxSize it is infeasible.
+#[test]
+fn guest_expand_grows_a_provisioned_volume_and_refuses_beyond_max_size() {
+    let scratch = Scratch::new(&["hostpath"]);
+    let grants = scratch.grants("hostpath", "/volumes");
+    let class = scratch.write("sc.yaml", &hostpath_class_with(", maxSize: 2Gi"));
+    let output = provision(&scratch, &[], &class, &grants);
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+    let pv_file = scratch.write("pv.yaml", &text(&output.stdout));
+    let expand = |size: &str| {
+        guest(
+            &scratch,
+            "expand",
+            &grants,
+            &[
+                "--volume",
+                pv_file.to_str().unwrap(),
+                "--class",
+                class.to_str().unwrap(),
+                "--size",
+                size,
+            ],
+        )
+    };
+
+    let output = expand("2Gi");
+    assert!(output.status.success(), "stderr:\n{}", text(&output.stderr));
+    let pv: PersistentVolume = serde_yaml::from_slice(&output.stdout).expect("PV YAML");
+    assert_eq!(pv.metadata.name.as_deref(), Some(VOLUME_NAME));
+    assert_eq!(pv.spec.unwrap().capacity.unwrap()["storage"].0, "2Gi");
+
+    let output = expand("3Gi");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("module hostpath")
+            && stderr.contains("did not expand the volume: infeasible")
+            && stderr.contains("maxSize"),
+        "{stderr}"
+    );
+    // Not a growth: refused before the module is asked.
+    let output = expand("1Gi");
+    let stderr = text(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("is not larger than the volume"),
+        "{stderr}"
+    );
+    let output = expand("lots");
+    assert!(text(&output.stderr).contains("--size \"lots\" is not a size"));
+}
+
+/// A module without the capability (the 0.1 hostpath build has none; the echo guest is
+/// 0.2 without any) is refused before any call, naming the module and the capability.
+#[test]
+fn a_capability_the_module_lacks_is_a_clear_error() {
+    let scratch = Scratch::new(&["test-echo"]);
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/fixtures/hostpath-0.1.0.wasm"),
+        scratch.path("modules/hostpath-old.wasm"),
+    )
+    .unwrap();
+    let grants = scratch.write("grants.yaml", "");
+    let class = |module: &str| {
+        scratch.write(
+            &format!("{module}.yaml"),
+            &format!(
+                "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{ name: c }}\n\
+                 provisioner: wasm-provisioner.dev\nparameters: {{ module: {module}, nodePath: /x }}\n"
+            ),
+        )
+    };
+    let pv = scratch.write(
+        "pv.yaml",
+        &format!(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{ name: {VOLUME_NAME} }}\n\
+             spec:\n  capacity: {{ storage: 1Gi }}\n  hostPath: {{ path: /x/{VOLUME_NAME} }}\n"
+        ),
+    );
+    for (module, contract) in [("hostpath-old", "0.1.0"), ("test-echo", "0.2.0")] {
+        let class = class(module);
+        let class = class.to_str().unwrap();
+        for (command, args, capability, interface) in [
+            (
+                "validate",
+                vec!["--class", class],
+                "validate-class",
+                "class-validator",
+            ),
+            (
+                "capacity",
+                vec!["--class", class],
+                "report-capacity",
+                "capacity-reporter",
+            ),
+            (
+                "expand",
+                vec![
+                    "--class",
+                    class,
+                    "--volume",
+                    pv.to_str().unwrap(),
+                    "--size",
+                    "2Gi",
+                ],
+                "expand",
+                "expander",
+            ),
+        ] {
+            let output = guest(&scratch, command, &grants, &args);
+            let stderr = text(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(1),
+                "{module} {command}: {stderr}"
+            );
+            assert!(
+                stderr.contains(&format!("module {module} ("))
+                    && stderr.contains(&format!("contract {contract}"))
+                    && stderr.contains(&format!("has no capability `{capability}`"))
+                    && stderr.contains(&format!("wasm-provisioner:plugin/{interface}@0.2.0")),
+                "{module} {command}: {stderr}"
+            );
+            assert!(output.stdout.is_empty());
+        }
+    }
+}

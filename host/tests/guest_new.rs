@@ -1,6 +1,7 @@
 //! `wasm-provisioner guest new`: a project of each language, made in a temporary
 //! directory outside the clone, builds and passes its own `test.sh` (which runs the
-//! module in the offline runner of this very binary).
+//! module in the offline runner of this very binary, `validate-class` included), and its
+//! component is a contract 0.2 plugin exporting `provisioner` and `class-validator`.
 //!
 //! The Rust project uses the SDK by path (`--sdk-path`, the clone's `guests/sdk`): the
 //! released form is a git dependency on a tag, and there is no network to GitHub here.
@@ -42,6 +43,14 @@ fn installed(prefix: &str, file: &str) -> PathBuf {
     dir
 }
 
+/// The contract's interfaces a new project's component exports: `provisioner` and the
+/// template's capability `class-validator`, both of 0.2 (and componentize-py's own
+/// `exports`, which is no contract interface).
+const TEMPLATE_EXPORTS: [&str; 2] = [
+    "wasm-provisioner:plugin/class-validator@0.2.0",
+    "wasm-provisioner:plugin/provisioner@0.2.0",
+];
+
 fn scaffold_and_test(lang: &str, extra: &[&str], env: &[(&str, PathBuf)]) {
     let outside = tempfile::tempdir().unwrap();
     assert!(
@@ -65,6 +74,11 @@ fn scaffold_and_test(lang: &str, extra: &[&str], env: &[(&str, PathBuf)]) {
     for file in ["README.md", "build.sh", "test.sh", "wit/provisioner.wit"] {
         assert!(dir.join(file).is_file(), "{lang}: no {file}");
     }
+    let wit = std::fs::read_to_string(dir.join("wit/provisioner.wit")).unwrap();
+    assert!(
+        wit.contains("package wasm-provisioner:plugin@0.2.0;"),
+        "{lang}: the vendored contract is not 0.2"
+    );
     let mut test = Command::new("bash");
     test.arg(dir.join("test.sh"))
         .env("WASM_PROVISIONER", bin)
@@ -92,7 +106,16 @@ fn scaffold_and_test(lang: &str, extra: &[&str], env: &[(&str, PathBuf)]) {
         "{lang}: test.sh failed ({}):\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
         output.status
     );
-    assert!(dir.join(format!("dist/{name}.wasm")).is_file());
+    let built = dir.join(format!("dist/{name}.wasm"));
+    let exports: Vec<String> = common::component_exports(&built)
+        .into_iter()
+        .filter(|e| e.starts_with("wasm-provisioner:"))
+        .collect();
+    assert_eq!(exports, TEMPLATE_EXPORTS, "{lang}: the component's exports");
+    assert!(
+        stdout.contains("validate-class accepts test/class.yaml and refuses a typo"),
+        "{lang}: {stdout}"
+    );
 }
 
 #[test]

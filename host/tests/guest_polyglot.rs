@@ -285,3 +285,199 @@ fn python_quota_dir_provisions_refuses_and_deletes_like_a_rust_guest() {
 fn javascript_quota_dir_provisions_refuses_and_deletes_like_a_rust_guest() {
     quota_dir_life("quota-dir-js");
 }
+
+/// The contract interfaces a built guest exports (without componentize-py's own).
+fn contract_exports(module: &str) -> Vec<String> {
+    common::component_exports(&dist_dir().join(format!("{module}.wasm")))
+        .into_iter()
+        .filter(|e| e.starts_with("wasm-provisioner:"))
+        .collect()
+}
+
+/// What `guest capacity|validate` say of a module without the capability: the module's
+/// own `describe` list ("its capabilities: ...").
+fn lacks(output: &Output, capability: &str, describe_lists: &str) {
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("has no capability `{capability}`"))
+            && stderr.contains(&format!("(its capabilities: {describe_lists})")),
+        "{stderr}"
+    );
+}
+
+/// The Python quota-dir has `validate-class` and `expand`: exactly those interfaces are
+/// exported and listed by `describe`; a bad class is refused with the reason; a volume
+/// grows (its usage record with it) up to `maxSize` and within the pool, idempotently.
+#[test]
+fn python_quota_dir_validates_classes_and_expands_within_max_size() {
+    assert_eq!(
+        contract_exports("quota-dir"),
+        [
+            "wasm-provisioner:plugin/class-validator@0.2.0",
+            "wasm-provisioner:plugin/expander@0.2.0",
+            "wasm-provisioner:plugin/provisioner@0.2.0",
+        ]
+    );
+    let s = Scratch::new("quota-dir");
+    let class = s.class(
+        "sc.yaml",
+        &[
+            ("nodePath", "/var/lib/quota"),
+            ("maxSize", "2Gi"),
+            ("poolSize", "3Gi"),
+        ],
+    );
+    let class_arg = class.to_str().unwrap();
+    // describe lists what the component exports, and nothing else.
+    lacks(
+        &s.run(&["guest", "capacity", "--class", class_arg]),
+        "report-capacity",
+        "expand, validate-class",
+    );
+
+    // validate-class: the class is fine; each bad one is refused with the reason.
+    let verdict = ok(
+        &s.run(&["guest", "validate", "--class", class_arg]),
+        "validate",
+    );
+    assert!(
+        verdict.contains("accepts the StorageClass quota"),
+        "{verdict}"
+    );
+    for (parameters, reason) in [
+        (
+            &[("nodepath", "/var/lib/quota"), ("maxSize", "2Gi")][..],
+            "unknown StorageClass parameter(s) nodepath",
+        ),
+        (
+            &[("nodePath", "quota"), ("maxSize", "2Gi")][..],
+            "StorageClass parameter `nodePath`",
+        ),
+        (
+            &[("nodePath", "/var/lib/quota")][..],
+            "StorageClass parameter `maxSize` is required",
+        ),
+        (
+            &[
+                ("nodePath", "/var/lib/quota"),
+                ("maxSize", "4Gi"),
+                ("poolSize", "3Gi"),
+            ][..],
+            "is larger than `poolSize`",
+        ),
+    ] {
+        let bad = s.class("bad.yaml", parameters);
+        let output = s.run(&["guest", "validate", "--class", bad.to_str().unwrap()]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{parameters:?}: {stderr}");
+        assert!(
+            stderr.contains("module quota-dir")
+                && stderr.contains("refused the StorageClass quota: ")
+                && stderr.contains(reason),
+            "{parameters:?}: {stderr}"
+        );
+    }
+
+    // expand: the record grows, the PV comes back with the new capacity.
+    let pv_yaml = ok(
+        &s.provision(&class, &s.claim("data", "default", 1, "1Gi")),
+        "provision",
+    );
+    let pv_file = s.write("pv.yaml", &pv_yaml);
+    let record = s.granted().join(".quota-dir").join(pv_name(1));
+    let expand = |pv: &Path, size: &str| {
+        s.run(&[
+            "guest",
+            "expand",
+            "--class",
+            class_arg,
+            "--volume",
+            pv.to_str().unwrap(),
+            "--size",
+            size,
+        ])
+    };
+    let grown = ok(&expand(&pv_file, "2Gi"), "expand to 2Gi");
+    let pv: PersistentVolume = serde_yaml::from_str(&grown).expect("PV YAML on stdout");
+    assert_eq!(pv.spec.unwrap().capacity.unwrap()["storage"].0, "2Gi");
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "2147483648 default/data\n"
+    );
+    // Asked again (the host retries): the same answer.
+    assert_eq!(ok(&expand(&pv_file, "2Gi"), "expand again"), grown);
+    // Beyond maxSize: infeasible, and the record is unchanged.
+    refused(&expand(&pv_file, "3Gi"), "infeasible", "maxSize 2Gi");
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "2147483648 default/data\n"
+    );
+    // Beyond the pool (2Gi of 3Gi taken by the first volume): failed.
+    let second = ok(
+        &s.provision(&class, &s.claim("second", "default", 2, "1Gi")),
+        "provision a second volume",
+    );
+    let second = s.write("pv-2.yaml", &second);
+    refused(&expand(&second, "2Gi"), "failed", "the pool is full");
+    // A volume this class never made: failed, nothing written.
+    let stranger = s.write("pv-3.yaml", &pv_yaml.replace(&pv_name(1), &pv_name(3)));
+    refused(&expand(&stranger, "2Gi"), "failed", "has no usage record");
+    assert!(!s.granted().join(".quota-dir").join(pv_name(3)).exists());
+}
+
+/// The JavaScript quota-dir has `report-capacity` only: the pool's size and what is
+/// left of it, or the granted filesystem's without a pool.
+#[test]
+fn javascript_quota_dir_reports_its_pools_capacity() {
+    assert_eq!(
+        contract_exports("quota-dir-js"),
+        [
+            "wasm-provisioner:plugin/capacity-reporter@0.2.0",
+            "wasm-provisioner:plugin/provisioner@0.2.0",
+        ]
+    );
+    let s = Scratch::new("quota-dir-js");
+    let class = s.class(
+        "sc.yaml",
+        &[
+            ("nodePath", "/var/lib/quota"),
+            ("maxSize", "2Gi"),
+            ("poolSize", "4Gi"),
+        ],
+    );
+    let class_arg = class.to_str().unwrap();
+    lacks(
+        &s.run(&["guest", "validate", "--class", class_arg]),
+        "validate-class",
+        "report-capacity",
+    );
+    ok(
+        &s.provision(&class, &s.claim("data", "default", 1, "1Gi")),
+        "provision",
+    );
+    let capacity = |class: &Path| -> serde_yaml::Value {
+        let out = ok(
+            &s.run(&["guest", "capacity", "--class", class.to_str().unwrap()]),
+            "capacity",
+        );
+        serde_yaml::from_str(&out).unwrap()
+    };
+    let pool = capacity(&class);
+    assert_eq!(pool["totalBytes"].as_u64(), Some(4 << 30));
+    assert_eq!(pool["availableBytes"].as_u64(), Some(3 << 30));
+    assert_eq!(pool["maximumVolumeBytes"].as_u64(), Some(2 << 30));
+    // Without a pool: the granted filesystem (a real statvfs through the host).
+    let unpooled = s.class(
+        "fs.yaml",
+        &[("nodePath", "/var/lib/quota"), ("maxSize", "1Ki")],
+    );
+    let fs = capacity(&unpooled);
+    let total = fs["totalBytes"].as_u64().unwrap();
+    let available = fs["availableBytes"].as_u64().unwrap();
+    assert!(
+        total > 0 && available <= total && total != 4 << 30,
+        "{fs:?}"
+    );
+    assert_eq!(fs["maximumVolumeBytes"].as_u64(), Some(1024));
+}

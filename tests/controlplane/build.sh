@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the control-plane launcher (upstream etcd, kube-apiserver and
-# kube-controller-manager linked into one binary) and prints its path.
+# Builds the control-plane launcher (upstream etcd, kube-apiserver,
+# kube-controller-manager and kube-scheduler linked into one binary) and prints its path.
 #
 # The binary is cached outside the repository, keyed on the launcher's sources and
 # go.sum, so a warm machine reuses it and a change to either rebuilds it. Go's own build

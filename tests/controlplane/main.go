@@ -7,7 +7,8 @@
 //	controlplane etcd ...                    upstream etcd 3.6 (etcdmain)
 //	controlplane kube-apiserver ...          upstream kube-apiserver
 //	controlplane kube-controller-manager ... upstream kube-controller-manager
-//	controlplane run   [--dir D]             start all three, wait until ready, block until
+//	controlplane kube-scheduler ...          upstream kube-scheduler
+//	controlplane run   [--dir D]             start all four, wait until ready, block until
 //	                                         SIGINT/SIGTERM (or the parent dies), then stop them
 //	controlplane start [--dir D]             like run, but detached; prints the kubeconfig path
 //	controlplane stop  --dir D               stop what start started, by recorded PID
@@ -23,6 +24,7 @@ import (
 	"k8s.io/component-base/cli"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
 
 func main() {
@@ -41,6 +43,10 @@ func main() {
 		cmd := controllermanager.NewControllerManagerCommand()
 		cmd.SetArgs(args)
 		os.Exit(cli.Run(cmd))
+	case "kube-scheduler":
+		cmd := scheduler.NewSchedulerCommand()
+		cmd.SetArgs(args)
+		os.Exit(cli.Run(cmd))
 	case "run", "start", "stop", "restart-apiserver":
 		if err := orchestrate(component, args); err != nil {
 			fmt.Fprintf(os.Stderr, "controlplane %s: %v\n", component, err)
@@ -52,6 +58,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: controlplane {run|start|stop|restart-apiserver} [--dir DIR] | {etcd|kube-apiserver|kube-controller-manager} ARGS...")
+	fmt.Fprintln(os.Stderr, "usage: controlplane {run|start|stop|restart-apiserver} [--dir DIR] | {etcd|kube-apiserver|kube-controller-manager|kube-scheduler} ARGS...")
 	os.Exit(2)
 }

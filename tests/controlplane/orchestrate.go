@@ -100,7 +100,7 @@ func start(dir string) error {
 	return fmt.Errorf("control plane not ready after %s; see %s", readyTimeout, filepath.Join(dir, launcherLog))
 }
 
-// run starts etcd, kube-apiserver and kube-controller-manager, waits until all are
+// run starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler, waits until all are
 // ready, writes the kubeconfig, then blocks until SIGINT/SIGTERM or until the process
 // that started it dies. Everything started is stopped on the way out.
 func run(dir string, detached bool) error {
@@ -262,11 +262,11 @@ func (p *controlPlane) startAll() error {
 	if err != nil {
 		return fmt.Errorf("writing certificates: %w", err)
 	}
-	ports, err := freePorts(4)
+	ports, err := freePorts(5)
 	if err != nil {
 		return err
 	}
-	etcdClient, etcdPeer, apiPort, kcmPort := ports[0], ports[1], ports[2], ports[3]
+	etcdClient, etcdPeer, apiPort, kcmPort, schedulerPort := ports[0], ports[1], ports[2], ports[3], ports[4]
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
 	apiURL := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
@@ -336,7 +336,26 @@ func (p *controlPlane) startAll() error {
 	); err != nil {
 		return err
 	}
-	return waitHTTP("kube-controller-manager", fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort), "", p)
+	if err := waitHTTP("kube-controller-manager", fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort), "", p); err != nil {
+		return err
+	}
+
+	// The scheduler sets a WaitForFirstConsumer claim's selected node when a pod using
+	// it is scheduled (pods never run: there is no kubelet).
+	if err := p.launch("kube-scheduler",
+		"--kubeconfig="+kubeconfig,
+		"--authentication-kubeconfig="+kubeconfig,
+		"--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(schedulerPort),
+		"--leader-elect=false",
+		"--kube-api-qps=5000",
+		"--kube-api-burst=10000",
+		"--v=0",
+	); err != nil {
+		return err
+	}
+	return waitHTTP("kube-scheduler", fmt.Sprintf("https://127.0.0.1:%d/healthz", schedulerPort), "", p)
 }
 
 // launch starts one component as a child process of this binary, logging to a file.

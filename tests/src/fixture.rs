@@ -45,6 +45,9 @@ pub const TEST_VOLUME_GRANTS: &str = "    volumes:
       nfs: [{ server: nfs.example.com, pathPrefix: / }]
 ";
 
+/// The label of a scenario's schedulable Nodes: its namespace.
+pub const SCENARIO_LABEL: &str = "test.wasm-provisioner.dev/scenario";
+
 /// kube-controller-manager's PV binder, as it reports its Events.
 const BINDER: &str = "persistentvolume-controller";
 
@@ -325,6 +328,58 @@ impl Fixture {
         Api::<Node>::all(self.ctx.client.clone())
             .create(&PostParams::default(), &node_object(name))
             .await?;
+        Ok(())
+    }
+
+    /// Creates a Node the scheduler can place pods on: Ready, with room for 110 pods
+    /// (4 CPUs, 8 GiB), its `kubernetes.io/hostname` label and the label
+    /// [`SCENARIO_LABEL`]`: <namespace>` (a pod of this scenario selects it, so tests
+    /// running side by side never place pods on each other's nodes). No kubelet runs:
+    /// pods bound to it never start. Nodes are cluster-wide: the caller deletes them.
+    pub async fn schedulable_node(&self, name: &str) -> anyhow::Result<()> {
+        let nodes = Api::<Node>::all(self.ctx.client.clone());
+        let mut node = node_object(name);
+        node.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(SCENARIO_LABEL.into(), self.ctx.namespace.clone());
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("creating Node {name}"))?;
+        let resources = json!({ "cpu": "4", "memory": "8Gi", "pods": "110" });
+        let status = json!({
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "a test node (no kubelet runs)",
+                    "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                    "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                }],
+            }
+        });
+        nodes
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&status),
+            )
+            .await
+            .with_context(|| format!("making Node {name} Ready"))?;
+        // Admission taints a new Node not-ready; the node lifecycle controller (not run
+        // here) would lift it once the node reports Ready.
+        nodes
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&json!({ "spec": { "taints": null } })),
+            )
+            .await
+            .with_context(|| format!("lifting Node {name}'s not-ready taint"))?;
         Ok(())
     }
 

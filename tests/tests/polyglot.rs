@@ -228,3 +228,73 @@ async fn a_big_module_copied_in_and_renamed_is_hot_reloaded() -> anyhow::Result<
     fx.cleanup().await;
     Ok(())
 }
+
+/// Without a cluster, through the runtime calls the controller makes: the Python
+/// example's capabilities (`validate-class`, `expand`) are what `describe` lists, the
+/// host links their interfaces, a bad class is refused with its reason, and a volume
+/// grows up to `maxSize` and no further.
+#[tokio::test]
+async fn python_guest_capabilities_answer_through_the_runtime() -> anyhow::Result<()> {
+    use wasm_provisioner_rules::types::{Capability, ExpandError, ExpandRequest, PublishedVolume};
+    use wasm_provisioner_runtime::ContractVersion;
+
+    let granted = tempfile::tempdir()?;
+    let runtime = guests::runtime(&format!(
+        "allow: {{ directories: [{root}] }}\n\
+         modules:\n  quota-dir:\n    directories: [{{ host: {root}, guest: /volumes, mode: read-write }}]\n",
+        root = granted.path().display()
+    ));
+    let module = guests::load(&runtime, "quota-dir", "quota-dir").await;
+    assert_eq!(module.contract(), ContractVersion::V0_2);
+    assert_eq!(
+        module.info().capabilities,
+        [Capability::Expand, Capability::ValidateClass]
+    );
+    assert!(module.has(Capability::ValidateClass) && !module.has(Capability::ReportCapacity));
+
+    let parameters = [("nodePath", "/var/lib/quota"), ("maxSize", "2Gi")];
+    let request = guests::provision_request(&parameters);
+    assert_eq!(module.validate_class(&request.class).await?, Ok(()));
+    let typo = guests::provision_request(&[("nodepath", "/var/lib/quota"), ("maxSize", "2Gi")]);
+    let refusal = module
+        .validate_class(&typo.class)
+        .await?
+        .expect_err("a typo is refused");
+    assert!(
+        refusal.contains("unknown StorageClass parameter(s) nodepath"),
+        "{refusal}"
+    );
+
+    let volume = module
+        .provision(&request)
+        .await?
+        .map_err(|e| anyhow::anyhow!("provision: {e:?}"))?;
+    let expand = |bytes: u64| ExpandRequest {
+        volume: PublishedVolume {
+            name: request.volume_name.clone(),
+            source: volume.source.clone(),
+            capacity_bytes: volume.capacity_bytes,
+            labels: volume.labels.clone(),
+            annotations: volume.annotations.clone(),
+            node_affinity: volume.node_affinity.clone(),
+            claim_namespace: Some("default".into()),
+            claim_name: Some("data".into()),
+        },
+        class_name: request.class.name.clone(),
+        class_parameters: request.class.parameters.clone(),
+        requested_bytes: bytes,
+        secret: None,
+        context: Default::default(),
+    };
+    assert_eq!(module.expand(&expand(2 << 30)).await?, Ok(2 << 30));
+    let record = granted.path().join(".quota-dir").join(&request.volume_name);
+    assert!(std::fs::read_to_string(&record)?.starts_with("2147483648 "));
+    match module.expand(&expand(3 << 30)).await? {
+        Err(ExpandError::Infeasible(message)) => {
+            assert!(message.contains("maxSize 2Gi"), "{message}")
+        }
+        other => panic!("beyond maxSize: {other:?}"),
+    }
+    assert!(std::fs::read_to_string(&record)?.starts_with("2147483648 "));
+    Ok(())
+}

@@ -3,7 +3,9 @@
 // directory, refusing claims above `maxSize` (infeasible), a pool above `poolSize`
 // (failed, retried), claims of namespaces not listed in `namespaces` (ignored);
 // usage recorded in `guestRoot/.quota-dir/<pv-name>`; `onDelete` delete, archive or
-// retain.
+// retain. It has one optional capability, `report-capacity` (`getCapacity`): the pool's
+// size and what is left of it when the class sets `poolSize`, else the granted
+// filesystem's size and free space.
 import * as sdk from '../sdk/wasm-provisioner-sdk.js';
 
 const NAME = 'quota-dir-js';
@@ -85,6 +87,23 @@ class QuotaDir {
     });
   }
 
+  // Capability `report-capacity`: with a `poolSize`, the pool (minus the recorded
+  // usage, archived volumes included); without, the granted filesystem itself.
+  getCapacity(req) {
+    const params = new sdk.Params(req.class.parameters);
+    const guestRoot = params.absolutePath('guestRoot', '/volumes');
+    const poolSize = params.quantity('poolSize', '0');
+    const maxSize = params.quantity('maxSize', undefined, 'the largest claim this class accepts, such as 10Gi');
+    if (!poolSize) {
+      const fs = sdk.statFilesystem(guestRoot);
+      return sdk.capacity(fs.totalBytes, fs.availableBytes, maxSize < fs.availableBytes ? maxSize : undefined);
+    }
+    const root = sdk.Dir.open(guestRoot);
+    const used = root.typeOf(RECORDS) === 'directory' ? usedBytes(root.openDir(RECORDS)) : 0n;
+    const left = used >= poolSize ? 0n : poolSize - used;
+    return sdk.capacity(poolSize, left, maxSize < left ? maxSize : undefined);
+  }
+
   delete(req) {
     const pv = req.volume;
     const params = new sdk.Params(req.classParameters);
@@ -119,7 +138,5 @@ class QuotaDir {
   }
 }
 
-const plugin = sdk.exportProvisioner(new QuotaDir());
-export const { describe, shouldProvision, provision, shouldDelete } = plugin;
-const remove = plugin.delete;
-export { remove as delete };
+export const { provisioner, expander, capacityReporter, classValidator } =
+  sdk.exportPlugin(new QuotaDir());

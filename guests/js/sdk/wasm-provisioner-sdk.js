@@ -1,25 +1,39 @@
-// Write wasm-provisioner plugins in JavaScript (componentize-js).
+// Write wasm-provisioner plugins in JavaScript (componentize-js), contract 0.2
+// (`wit/0.2.0/provisioner.wit`, world `wasm-provisioner:plugin/plugin@0.2.0`).
 //
 // The same shape as the Rust SDK (guests/sdk): a plugin is an object (or class instance)
 // with `describe`, `provision`, `delete` and optionally `shouldProvision`,
-// `shouldDelete`; `exportProvisioner(plugin)` turns it into the world's exports:
+// `shouldDelete`; `exportPlugin(plugin)` turns it into the component's exports, one
+// object per exported interface:
 //
 //   import * as sdk from '../sdk/wasm-provisioner-sdk.js';
 //   class Mine {
 //     describe() { return sdk.pluginInfo('mine', '0.1.0'); }
 //     provision(req) { ...; return sdk.volume(req.claim.requestedBytes, sdk.hostPath(p)); }
 //     delete(req) { ... }                           // returns nothing or throws
+//     // optional capabilities: implement any of
+//     // expand(req) { return newSizeInBytes; }     // capability `expand`
+//     // getCapacity(req) { return sdk.capacity(total, available); }  // `report-capacity`
+//     // validateClass(cls) { ... }                 // `validate-class`: throw to refuse
 //   }
-//   const plugin = sdk.exportProvisioner(new Mine());
-//   export const { describe, shouldProvision, provision, shouldDelete } = plugin;
-//   const remove = plugin.delete;
-//   export { remove as delete };                    // `delete` is a reserved word
+//   export const { provisioner, expander, capacityReporter, classValidator } =
+//     sdk.exportPlugin(new Mine());
 //
-// Answers other than a volume (or a successful delete) are thrown: `new
+// Capabilities: a plugin has exactly the optional capabilities whose method it
+// implements (`expand`, `getCapacity`, `validateClass`). `exportPlugin` fills
+// `describe`'s `capabilities` to match and returns the interface object of each one
+// (the others are undefined); the build (`componentize.mjs`) loads the app once in
+// Node with the host's imports stubbed, sees which of those exports the app defined,
+// and builds the component for a world that exports exactly those interfaces. So the
+// list in `describe`, the exports and the methods always agree.
+//
+// Answers other than a volume (or a successful delete, or a new size) are thrown: `new
 // sdk.Infeasible(msg)`, `Failed`, `Ignored`, `InBackground`, `Reschedule`. A `ParamError`
-// from the parameter helpers is `infeasible` in provision and `failed` in delete, as in
-// the Rust SDK. Any other exception is logged at error level and traps the call (like a
-// Rust panic): the host reports it as `trap`.
+// from the parameter helpers is `infeasible` in provision and expand, `failed` in delete,
+// and the refusal's message in `validateClass` (throw any `Error` there to refuse the
+// class; a `getCapacity` error is its message). Any other exception in provision, delete
+// or expand is logged at error level and traps the call (like a Rust panic): the host
+// reports it as `trap`.
 //
 // Types follow jco's mapping of the WIT: records are objects with camelCase fields,
 // variants `{ tag, val }`, enums strings ('read-write-once'), options `undefined` or a
@@ -28,7 +42,8 @@
 // Every call runs in a fresh instance: keep no state between calls. Every call may be
 // repeated: be idempotent by PV name. Claims are hostile input.
 
-import { log as hostLog } from 'wasm-provisioner:plugin/log@0.1.0';
+import { log as hostLog } from 'wasm-provisioner:plugin/log@0.2.0';
+import { statFilesystem as hostStatFilesystem } from 'wasm-provisioner:plugin/filesystem@0.2.0';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 
 // --- Logging over the `log` import -----------------------------------------------------
@@ -78,11 +93,36 @@ function trap(call, error) {
   return error;
 }
 
-/** The world's exports, calling into `plugin`. */
-export function exportProvisioner(plugin) {
-  return {
+/** The optional capabilities: the method a plugin implements, the interface it exports. */
+export const CAPABILITIES = [
+  { capability: 'expand', method: 'expand', exportName: 'expander', interface: 'expander' },
+  { capability: 'report-capacity', method: 'getCapacity', exportName: 'capacityReporter', interface: 'capacity-reporter' },
+  { capability: 'validate-class', method: 'validateClass', exportName: 'classValidator', interface: 'class-validator' },
+];
+
+/** The capabilities (`'expand'`, ...) `plugin` has: those whose method it implements. */
+export function capabilitiesOf(plugin) {
+  return CAPABILITIES.filter((c) => typeof plugin[c.method] === 'function').map((c) => c.capability);
+}
+
+const EXPAND_TAGS = new Set(['failed', 'in-background', 'infeasible']);
+
+function message(e) {
+  return e && typeof e.message === 'string' ? e.message : String(e);
+}
+
+/**
+ * The component's exports, calling into `plugin`: `{ provisioner, expander,
+ * capacityReporter, classValidator }`, each optional interface present only when the
+ * plugin implements its method.
+ */
+export function exportPlugin(plugin) {
+  const capabilities = capabilitiesOf(plugin);
+  const provisioner = {
     describe() {
-      try { return plugin.describe(); } catch (e) { throw trap('describe', e); }
+      let info;
+      try { info = plugin.describe(); } catch (e) { throw trap('describe', e); }
+      return { ...info, capabilities: [...capabilities] };
     },
     shouldProvision(request) {
       if (!plugin.shouldProvision) return true;
@@ -114,12 +154,74 @@ export function exportProvisioner(plugin) {
       }
     },
   };
+  const exports = { provisioner, expander: undefined, capacityReporter: undefined, classValidator: undefined };
+  if (capabilities.includes('expand')) {
+    exports.expander = {
+      expand(request) {
+        try {
+          return BigInt(plugin.expand(request));
+        } catch (e) {
+          if (e instanceof Answer) {
+            const tag = EXPAND_TAGS.has(e.tag) ? e.tag : 'failed';
+            throw resultError({ tag, val: e.message });
+          }
+          if (e instanceof ParamError) throw resultError({ tag: 'infeasible', val: e.message });
+          throw trap('expand', e);
+        }
+      },
+    };
+  }
+  if (capabilities.includes('report-capacity')) {
+    exports.capacityReporter = {
+      getCapacity(request) {
+        let answer;
+        try { answer = plugin.getCapacity(request); } catch (e) { throw stringError(message(e)); }
+        return {
+          totalBytes: BigInt(answer.totalBytes),
+          availableBytes: BigInt(answer.availableBytes),
+          maximumVolumeBytes: answer.maximumVolumeBytes === undefined ? undefined : BigInt(answer.maximumVolumeBytes),
+        };
+      },
+    };
+  }
+  if (capabilities.includes('validate-class')) {
+    exports.classValidator = {
+      validateClass(cls) {
+        try { plugin.validateClass(cls); } catch (e) { throw stringError(message(e)); }
+      },
+    };
+  }
+  return exports;
+}
+
+// A `result<_, string>` error: componentize-js takes the `payload` as the `err` value.
+function stringError(text) {
+  const error = new Error(text);
+  error.payload = text;
+  return error;
 }
 
 // --- Builders --------------------------------------------------------------------------
 
+/** What `describe` answers; `exportPlugin` fills in `capabilities`. */
 export function pluginInfo(name, version, { supportsBlock = false, dataSourceKinds = [] } = {}) {
-  return { name, version, supportsBlock, dataSourceKinds };
+  return { name, version, supportsBlock, dataSourceKinds, capabilities: [] };
+}
+
+/** A `getCapacity` answer; sizes are BigInts or numbers. */
+export function capacity(totalBytes, availableBytes, maximumVolumeBytes) {
+  return { totalBytes, availableBytes, maximumVolumeBytes };
+}
+
+/**
+ * Usage of the filesystem holding `path`, a path inside a granted directory as the
+ * plugin sees it (such as '/volumes'): `{ totalBytes, availableBytes }` (BigInts).
+ * Throws `Failed` when the host cannot answer (outside every grant, ...).
+ */
+export function statFilesystem(path) {
+  try { return hostStatFilesystem(path); } catch (e) {
+    throw new Failed(`cannot stat the filesystem of ${path}: ${e && e.payload !== undefined ? e.payload : message(e)}`);
+  }
 }
 
 export function hostPath(path, pathType = 'Directory') {

@@ -525,7 +525,47 @@ impl Expander for NfsSubdir {
     }
 }
 
-sdk::export!(NfsSubdir, capabilities: [expand]);
+/// The checks `plan` makes of a class's parameters, without a claim: unknown keys,
+/// `server`, `share`, `guestRoot`, `onDelete`/`archiveOnDelete`, `maxSize`, `deleteChunkEntries`, and
+/// the syntax of `pathPattern` (expanded for a stand-in claim). Answers the granted root.
+pub fn check_class(parameters: &StringMap) -> Result<String, String> {
+    let params = Params::new(parameters);
+    params.reject_unknown(KNOWN)?;
+    server(&params)?;
+    params.absolute_path("share", None, SHARE_HINT)?;
+    let guest_root = params.absolute_path("guestRoot", Some(DEFAULT_GUEST_ROOT), "")?;
+    on_delete(&params)?;
+    params.bytes("maxSize")?;
+    sdk::fs::Budget::from_params(&params)?;
+    if let Some(pattern) = params.get("pathPattern") {
+        pattern::expand(pattern, &sdk::testing::claim("namespace", "name"))?;
+    }
+    Ok(guest_root)
+}
+
+impl ClassValidator for NfsSubdir {
+    fn validate_class(class: &Class) -> Result<(), String> {
+        check_class(&class.parameters).map(drop)
+    }
+}
+
+impl CapacityReporter for NfsSubdir {
+    /// The export's size and free space, as the filesystem granted at `guestRoot` says.
+    fn get_capacity(req: &CapacityRequest) -> Result<BackendCapacity, String> {
+        let guest_root = check_class(&req.class.parameters)?;
+        let stats = sdk::filesystem::stat_filesystem(&guest_root)?;
+        Ok(BackendCapacity {
+            total_bytes: stats.total_bytes,
+            available_bytes: stats.available_bytes,
+            maximum_volume_bytes: None,
+        })
+    }
+}
+
+sdk::export!(
+    NfsSubdir,
+    capabilities: [expand, report_capacity, validate_class]
+);
 
 #[cfg(test)]
 mod tests;

@@ -575,3 +575,38 @@ fn provision_refuses_beyond_max_size() {
     let m = infeasible(NfsSubdir::provision(&provision_request(&bad)));
     assert!(m.contains("maxSize"), "{m}");
 }
+
+#[test]
+fn the_class_validator_refuses_what_provision_would() {
+    let class = |pairs: &[(&str, &str)]| sdk::testing::class(pairs);
+    let good = [("server", "nfs.example"), ("share", "/srv/nfs")];
+    assert_eq!(NfsSubdir::validate_class(&class(&good)), Ok(()));
+    let with = |extra: (&'static str, &'static str)| {
+        let mut pairs = good.to_vec();
+        pairs.push(extra);
+        NfsSubdir::validate_class(&class(&pairs)).unwrap_err()
+    };
+    assert!(
+        with(("sahre", "/x")).contains("sahre"),
+        "an unknown key is named"
+    );
+    assert!(with(("guestRoot", "relative")).contains("guestRoot"));
+    assert!(with(("onDelete", "shred")).contains("onDelete"));
+    assert!(with(("pathPattern", "${.PVC.nme}")).contains("unknown variable"));
+    assert!(with(("pathPattern", "${.PVC.name")).contains("unterminated"));
+    assert!(
+        NfsSubdir::validate_class(&class(&[("share", "/srv/nfs")]))
+            .unwrap_err()
+            .contains("server")
+    );
+    assert!(
+        NfsSubdir::validate_class(&class(&[("server", "nfs.example"), ("share", "srv")]))
+            .unwrap_err()
+            .contains("share")
+    );
+    // Everything a valid pathPattern may hold passes.
+    let pattern = ("pathPattern", "${.PVC.namespace}/${.PVC.labels.app}");
+    let mut pairs = good.to_vec();
+    pairs.push(pattern);
+    assert_eq!(NfsSubdir::validate_class(&class(&pairs)), Ok(()));
+}

@@ -8,6 +8,11 @@ other volumes are deleted). Each volume's size is recorded in
 `guestRoot/.quota-dir/<pv-name>`; `delete` removes the directory and its record,
 `archive` renames both to `archived-<pv-name>` (archived volumes still count against
 `poolSize` until an admin removes them), `retain` leaves both.
+
+Optional capabilities (contract 0.2): `validate_class` checks a class's parameters
+before any claim of it (the checks `provision` makes, and `maxSize` at most
+`poolSize`); `expand` grows a volume by recording its new size, refusing sizes above
+`maxSize` (infeasible) and, like `provision`, beyond the pool (failed).
 """
 
 import os
@@ -16,7 +21,7 @@ import stat
 import wasm_provisioner_sdk as sdk
 
 NAME = "quota-dir"
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 RECORDS = ".quota-dir"
 ANN_GUEST_ROOT = "quota-dir/guest-root"
 ANN_ON_DELETE = "quota-dir/on-delete"
@@ -26,10 +31,36 @@ KNOWN = ["nodePath", "guestRoot", "maxSize", "poolSize", "namespaces", "onDelete
 ON_DELETE = ["delete", "archive", "retain"]
 
 
+class Settings:
+    """A class's parameters, checked: what `validate_class` answers, and where
+    `provision` and `expand` start. Raises `sdk.ParamError`."""
+
+    def __init__(self, parameters):
+        params = sdk.Params(parameters)
+        params.reject_unknown(KNOWN)
+        self.namespaces = [n.strip() for n in params.get_or("namespaces", "").split(",")
+                           if n.strip()]
+        self.node_path = params.absolute_path(
+            "nodePath", None, "the granted directory's path on the nodes, such as /var/lib/quota")
+        self.guest_root = params.absolute_path("guestRoot", "/volumes", "")
+        self.max_size = params.quantity(
+            "maxSize", None, "the largest claim this class accepts, such as 10Gi")
+        self.pool_size = params.quantity("poolSize", "0", "")
+        self.on_delete = params.one_of("onDelete", ON_DELETE, "delete")
+        params.quantity("deleteChunkEntries", "20000", "")
+        if self.pool_size and self.max_size > self.pool_size:
+            raise sdk.ParamError(
+                f"StorageClass parameter `maxSize` ({sdk.format_bytes(self.max_size)}) is larger "
+                f"than `poolSize` ({sdk.format_bytes(self.pool_size)}): no volume that big fits; "
+                "lower maxSize or raise poolSize")
+
+
 class QuotaDir(sdk.Provisioner):
     def describe(self):
-        return sdk.PluginInfo(name=NAME, version=VERSION, supports_block=False,
-                              data_source_kinds=[])
+        return sdk.PluginInfo(name=NAME, version=VERSION)
+
+    def validate_class(self, cls):
+        Settings(cls.parameters)
 
     def provision(self, req):
         params = sdk.Params(req.class_.parameters)
@@ -40,12 +71,12 @@ class QuotaDir(sdk.Provisioner):
             raise sdk.Ignored(
                 f"quota-dir: namespace {claim.namespace} is not one of this class's "
                 f"namespaces ({', '.join(namespaces)})")
-        node_path = params.absolute_path(
-            "nodePath", None, "the granted directory's path on the nodes, such as /var/lib/quota")
-        guest_root = params.absolute_path("guestRoot", "/volumes", "")
-        max_size = params.quantity("maxSize", None, "the largest claim this class accepts, such as 10Gi")
-        pool_size = params.quantity("poolSize", "0", "")
-        on_delete = params.one_of("onDelete", ON_DELETE, "delete")
+        settings = Settings(req.class_.parameters)
+        node_path = settings.node_path
+        guest_root = settings.guest_root
+        max_size = settings.max_size
+        pool_size = settings.pool_size
+        on_delete = settings.on_delete
         if claim.volume_mode == sdk.VolumeMode.BLOCK:
             raise sdk.Infeasible("quota-dir makes filesystem volumes only; volumeMode Block is not supported")
         if claim.data_source is not None or claim.selector is not None:
@@ -95,6 +126,41 @@ class QuotaDir(sdk.Provisioner):
             annotations={ANN_GUEST_ROOT: guest_root, ANN_ON_DELETE: on_delete,
                          ANN_SIZE: sdk.format_bytes(existing)},
         )
+
+    def expand(self, req):
+        settings = Settings(req.class_parameters)
+        name = sdk.check_pv_name(req.volume.name)
+        size = req.requested_bytes
+        if size > settings.max_size:
+            raise sdk.Infeasible(
+                f"quota-dir: {name} cannot grow to {sdk.format_bytes(size)}: more than this "
+                f"class's maxSize {sdk.format_bytes(settings.max_size)}")
+        records = os.path.join(settings.guest_root, RECORDS)
+        record = os.path.join(records, name)
+        recorded = _read_record(record)
+        if recorded is None:
+            raise sdk.Failed(
+                f"quota-dir: {name} has no usage record in {records}: not a volume of this "
+                "class, or its record was removed")
+        if recorded >= size:
+            return recorded  # Already that big: the same answer again (idempotent).
+        if settings.pool_size:
+            used = _used_bytes(records, exclude=name)
+            if used + size > settings.pool_size:
+                raise sdk.Failed(
+                    f"quota-dir: the pool is full: {sdk.format_bytes(used)} of "
+                    f"{sdk.format_bytes(settings.pool_size)} recorded for other volumes, "
+                    f"{sdk.format_bytes(size)} does not fit; it will once other volumes "
+                    "of the pool are deleted")
+        with open(record) as f:
+            owner = (f.read().split(maxsplit=1)[1:] or [""])[0].strip()
+        tmp = record + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{size} {owner}\n")
+        os.rename(tmp, record)
+        sdk.info("expanded", volume=name, was=sdk.format_bytes(recorded),
+                 size=sdk.format_bytes(size))
+        return size
 
     def delete(self, req):
         pv = req.volume
@@ -179,4 +245,4 @@ def _remove_tree(root, budget):
     return removed, True
 
 
-WitWorld = sdk.export(QuotaDir)
+sdk.export(QuotaDir)

@@ -1,4 +1,5 @@
-"""Write wasm-provisioner plugins in Python (componentize-py).
+"""Write wasm-provisioner plugins in Python (componentize-py), contract 0.2
+(`wit/0.2.0/provisioner.wit`, world `wasm-provisioner:plugin/plugin@0.2.0`).
 
 The same shape as the Rust SDK (`guests/sdk`): a plugin is a subclass of
 `Provisioner`, exported with `export`:
@@ -7,22 +8,37 @@ The same shape as the Rust SDK (`guests/sdk`): a plugin is a subclass of
 
     class Mine(sdk.Provisioner):
         def describe(self):
-            return sdk.PluginInfo(name="mine", version="0.1.0",
-                                  supports_block=False, data_source_kinds=[])
+            return sdk.PluginInfo(name="mine", version="0.1.0")
         def provision(self, req): ...          # returns a sdk.Volume or raises
         def delete(self, req): ...             # returns None or raises
         # optional, default True:
         def should_provision(self, req): return True
         def should_delete(self, req): return True
+        # optional capabilities: define any of
+        def expand(self, req): ...             # `expand`: returns the new size in bytes
+        def get_capacity(self, req): ...       # `report-capacity`: returns sdk.capacity(...)
+        def validate_class(self, cls): ...     # `validate-class`: raises to refuse
 
-    WitWorld = sdk.export(Mine)                # componentize-py looks for `WitWorld`
+    sdk.export(Mine)
 
-Answers other than a volume (or a successful delete) are raised:
+Capabilities: a plugin has exactly the optional capabilities whose method it defines.
+componentize-py builds for the world it is given, so the world is made per plugin:
+`wasm_provisioner_world.py` (beside this file; `build.sh` runs it) reads the app's
+source, finds the class given to `export` and its methods, and writes a world that
+exports those capabilities' interfaces. `export` then checks, while componentize-py
+loads the app, that the world's exports and the methods agree (a mismatch fails the
+build, naming both), fills `describe`'s `capabilities` to match, and defines the
+classes componentize-py looks for in the app's module (`Provisioner`, `Expander`,
+`CapacityReporter`, `ClassValidator`): so subclass `sdk.Provisioner`, and do not import
+it under its bare name.
+
+Answers other than a volume (or a successful delete, or a new size) are raised:
 `Infeasible(msg)`, `Failed(msg)`, `Ignored(msg)`, `InBackground(msg)`,
 `Reschedule(msg)`. A `ParamError` from the parameter helpers is `Infeasible` in
-`provision` and `Failed` in `delete`, as in the Rust SDK. Any other exception is logged
-at error level with its traceback and traps the call (like a Rust panic): the host
-reports it as `trap`.
+`provision` and `expand`, `Failed` in `delete`. In `validate_class` and `get_capacity`,
+any exception is the error message the host gets (raise `ParamError` or
+`ValueError`). Any other exception in the other calls is logged at error level with its
+traceback and traps the call (like a Rust panic): the host reports it as `trap`.
 
 Every call runs in a fresh instance: keep no state between calls. Every call may be
 repeated: be idempotent by PV name. Claim names, labels and annotations are hostile
@@ -30,23 +46,31 @@ input: check them (`check_component`, `check_pv_name`) before building a path.
 """
 
 import re
+import sys
 import traceback
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import wit_world
+import wit_world.exports
 from componentize_py_types import Err
+from wit_world.imports import filesystem as _filesystem
 from wit_world.imports import log as _log
 from wit_world.imports import types
 
-# The contract's types under their generated names (see `wit/provisioner.wit`).
+# The contract's types under their generated names (see `wit/0.2.0/provisioner.wit`).
 from wit_world.imports.types import (  # noqa: F401  (re-exported)
     AccessMode,
+    BackendCapacity,
     BindingMode,
+    CallContext,
+    Capability,
+    CapacityRequest,
     Claim,
     Class,
     CsiSource,
     DataSource,
     DeleteRequest,
+    ExpandRequest,
     HostPathSource,
     IscsiSource,
     LocalSource,
@@ -54,16 +78,17 @@ from wit_world.imports.types import (  # noqa: F401  (re-exported)
     Node,
     NodeSelectorRequirement,
     NodeSelectorTerm,
-    PluginInfo,
     ProvisionRequest,
     PublishedVolume,
     ReclaimPolicy,
+    Secret,
     Volume,
     VolumeMode,
 )
 
 __all__ = [
-    "Provisioner", "export", "PluginInfo", "Volume", "ProvisionRequest", "DeleteRequest",
+    "Provisioner", "export", "capabilities_of", "PluginInfo", "Volume", "ProvisionRequest",
+    "DeleteRequest", "ExpandRequest", "CapacityRequest", "capacity", "stat_filesystem",
     "Infeasible", "Failed", "Ignored", "InBackground", "Reschedule", "ParamError",
     "Params", "host_path", "local", "nfs", "csi", "json_source", "hostname_affinity",
     "volume", "lookup", "parse_quantity", "format_bytes", "check_component",
@@ -146,6 +171,18 @@ def _provision_error(answer: Exception):
     return types.ProvisionError_Failed(message)
 
 
+def _expand_error(answer: Exception):
+    message = str(answer)
+    if isinstance(answer, InBackground):
+        return types.ExpandError_InBackground(message)
+    if isinstance(answer, (Infeasible, ParamError)):
+        return types.ExpandError_Infeasible(message)
+    if isinstance(answer, (Ignored, Reschedule)):
+        return types.ExpandError_Failed(
+            f"{message} (a {type(answer).__name__} answer is not an expand answer: failed)")
+    return types.ExpandError_Failed(message)
+
+
 def _delete_error(answer: Exception):
     message = str(answer)
     if isinstance(answer, Ignored):
@@ -163,9 +200,10 @@ def _delete_error(answer: Exception):
 
 class Provisioner:
     """Subclass and override `describe`, `provision`, `delete` (and optionally
-    `should_provision`, `should_delete`)."""
+    `should_provision`, `should_delete`). Define `expand`, `get_capacity` or
+    `validate_class` to have that capability."""
 
-    def describe(self) -> PluginInfo:
+    def describe(self) -> types.PluginInfo:
         raise NotImplementedError("describe")
 
     def should_provision(self, req: ProvisionRequest) -> bool:
@@ -181,6 +219,46 @@ class Provisioner:
         raise NotImplementedError("delete")
 
 
+# The optional capabilities: (plugin method, capability, class componentize-py looks
+# for, WIT interface). `wasm_provisioner_world.py` keeps the same table.
+CAPABILITIES = [
+    ("expand", "EXPAND", "Expander", "expander"),
+    ("get_capacity", "REPORT_CAPACITY", "CapacityReporter", "capacity-reporter"),
+    ("validate_class", "VALIDATE_CLASS", "ClassValidator", "class-validator"),
+]
+
+
+def capabilities_of(plugin_class) -> List[str]:
+    """The WIT interfaces of the capabilities `plugin_class` has (defines the method of)."""
+    return [iface for method, _, _, iface in CAPABILITIES
+            if callable(getattr(plugin_class, method, None))]
+
+
+def PluginInfo(name: str, version: str, supports_block: bool = False,  # noqa: N802
+               data_source_kinds: Sequence[str] = ()) -> types.PluginInfo:
+    """What `describe` answers; `export` fills in `capabilities`."""
+    return types.PluginInfo(name=name, version=version, supports_block=supports_block,
+                            data_source_kinds=list(data_source_kinds), capabilities=[])
+
+
+def capacity(total_bytes: int, available_bytes: int,
+             maximum_volume_bytes: Optional[int] = None) -> BackendCapacity:
+    """A `get_capacity` answer."""
+    return BackendCapacity(
+        total_bytes=int(total_bytes), available_bytes=int(available_bytes),
+        maximum_volume_bytes=None if maximum_volume_bytes is None else int(maximum_volume_bytes))
+
+
+def stat_filesystem(path: str):
+    """Usage of the filesystem holding `path`, a path inside a granted directory as the
+    plugin sees it (such as "/volumes"): `.total_bytes`, `.available_bytes`. Raises
+    `Failed` when the host cannot answer (outside every grant, ...)."""
+    try:
+        return _filesystem.stat_filesystem(path)
+    except Err as err:
+        raise Failed(f"cannot stat the filesystem of {path}: {err.value}") from None
+
+
 def _trap(call: str, exc: BaseException) -> None:
     # Like the Rust SDK's panic hook: say what went wrong before the call traps.
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -188,13 +266,27 @@ def _trap(call: str, exc: BaseException) -> None:
 
 
 def export(plugin_class):
-    """The `WitWorld` class componentize-py instantiates, calling into `plugin_class`."""
+    """Exports `plugin_class`: defines, in the module that defines it (the app), the
+    classes componentize-py instantiates for each interface the world exports, and
+    checks that those are exactly the plugin's capabilities. Returns them by name."""
     plugin = plugin_class()
+    has = capabilities_of(plugin_class)
+    exported = [iface for _, _, cls, iface in CAPABILITIES if hasattr(wit_world.exports, cls)]
+    if has != exported:
+        raise RuntimeError(
+            f"{plugin_class.__name__} has the capabilities [{', '.join(has)}] (the methods it "
+            f"defines) but the world it is built for exports [{', '.join(exported)}]: build "
+            "with the world wasm_provisioner_world.py writes for this app (build.sh does); it "
+            "sees only methods defined in the app file, in the exported class or its bases there")
+    listed = [getattr(types.Capability, cap) for method, cap, _, _ in CAPABILITIES
+              if callable(getattr(plugin_class, method, None))]
 
-    class WitWorld(wit_world.WitWorld):
-        def describe(self) -> PluginInfo:
+    class Provisioner(wit_world.exports.Provisioner):
+        def describe(self) -> types.PluginInfo:
             try:
-                return plugin.describe()
+                info = plugin.describe()
+                info.capabilities = list(listed)
+                return info
             except BaseException as exc:
                 _trap("describe", exc)
                 raise
@@ -231,7 +323,42 @@ def export(plugin_class):
                 _trap("delete", exc)
                 raise
 
-    return WitWorld
+    classes = {"Provisioner": Provisioner}
+    if "expander" in has:
+        class Expander(wit_world.exports.Expander):
+            def expand(self, request: ExpandRequest) -> int:
+                try:
+                    return int(plugin.expand(request))
+                except (Answer, ParamError) as answer:
+                    raise Err(_expand_error(answer))
+                except BaseException as exc:
+                    _trap("expand", exc)
+                    raise
+
+        classes["Expander"] = Expander
+    if "capacity-reporter" in has:
+        class CapacityReporter(wit_world.exports.CapacityReporter):
+            def get_capacity(self, request: CapacityRequest) -> BackendCapacity:
+                try:
+                    return plugin.get_capacity(request)
+                except Exception as exc:
+                    raise Err(str(exc))
+
+        classes["CapacityReporter"] = CapacityReporter
+    if "class-validator" in has:
+        class ClassValidator(wit_world.exports.ClassValidator):
+            def validate_class(self, class_: Class) -> None:
+                try:
+                    plugin.validate_class(class_)
+                except Exception as exc:
+                    raise Err(str(exc))
+
+        classes["ClassValidator"] = ClassValidator
+    app = sys.modules.get(plugin_class.__module__)
+    if app is not None:
+        for name, cls in classes.items():
+            setattr(app, name, cls)
+    return classes
 
 
 # --- Builders ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the guest and runs it in wasm-provisioner's offline runner, as the host would:
-# provisions test/claim.yaml of test/class.yaml (the directory must appear in the
-# granted directory), checks that test/claim-too-big.yaml is infeasible, deletes the
-# volume (the directory must go). WASM_PROVISIONER names the host binary (default:
+# validates test/class.yaml (accepted) and test/class-typo.yaml (refused) with the
+# plugin's validate-class capability, provisions test/claim.yaml of test/class.yaml (the
+# directory must appear in the granted directory), checks that test/claim-too-big.yaml is
+# infeasible, deletes the volume (the directory must go). WASM_PROVISIONER names the host binary (default:
 # `wasm-provisioner` on PATH).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -30,6 +31,13 @@ GRANTS
 cache="${WASM_PROVISIONER_CACHE_DIR:-$scratch/cwasm}"
 run() { "$bin" guest "$@" --modules "$scratch/modules" --grants "$scratch/grants.yaml" --cache-dir "$cache"; }
 pv=pvc-0b6e3d4e-1111-4c3a-9d7e-000000000001
+
+run validate --class test/class.yaml
+if run validate --class test/class-typo.yaml 2> "$scratch/err"; then
+    echo "test.sh: a class with a typo was accepted" >&2; exit 1
+fi
+grep -q "refused the StorageClass" "$scratch/err" || { echo "test.sh: expected a refusal:" >&2; cat "$scratch/err" >&2; exit 1; }
+echo "test.sh: validate-class accepts test/class.yaml and refuses a typo"
 
 run provision --class test/class.yaml --claim test/claim.yaml > "$scratch/pv.yaml"
 grep -q "path: /var/lib/{{name}}/$pv" "$scratch/pv.yaml" || { echo "test.sh: unexpected PV:" >&2; cat "$scratch/pv.yaml" >&2; exit 1; }

@@ -1,21 +1,45 @@
 // {{name}}: a wasm-provisioner guest. One directory per volume, `guestRoot/<pv-name>`
 // inside the directory the cluster admin granted this module, published as the hostPath
 // `nodePath/<pv-name>`. Claims above the class's `maxSize` are infeasible.
+//
+// Optional capabilities (contract 0.2) are methods: this plugin has `validateClass` (the
+// host checks a StorageClass with it before any claim of it fails). Add `expand` (grow a
+// volume) or `getCapacity` (the backend's space) to have those too; the build exports
+// exactly the capabilities the plugin implements and `describe` lists them.
 import * as sdk from './sdk/wasm-provisioner-sdk.js';
 
 const ANN_GUEST_ROOT = '{{name}}/guest-root';
+
+/** The class's parameters, checked (throws sdk.ParamError). */
+function settings(parameters) {
+  const params = new sdk.Params(parameters);
+  params.rejectUnknown(['nodePath', 'guestRoot', 'maxSize']);
+  return {
+    nodePath: params.absolutePath('nodePath', undefined, 'the granted directory on the nodes'),
+    guestRoot: params.absolutePath('guestRoot', '/volumes'),
+    maxSize: params.quantity('maxSize', '1Gi'),
+  };
+}
 
 class Guest {
   describe() {
     return sdk.pluginInfo('{{name}}', '0.1.0');
   }
 
+  // Capability `validate-class`: throw to refuse the class (the message goes to the admin).
+  validateClass(cls) {
+    settings(cls.parameters);
+  }
+
+  // Capability `expand`: uncomment to grow volumes (classes with allowVolumeExpansion).
+  // expand(req) {
+  //   const { maxSize } = settings(req.classParameters);
+  //   if (req.requestedBytes > maxSize) throw new sdk.Infeasible(`{{name}}: more than maxSize ${sdk.formatBytes(maxSize)}`);
+  //   return req.requestedBytes; // the new size: a directory has no size of its own
+  // }
+
   provision(req) {
-    const params = new sdk.Params(req.class.parameters);
-    params.rejectUnknown(['nodePath', 'guestRoot', 'maxSize']);
-    const nodePath = params.absolutePath('nodePath', undefined, 'the granted directory on the nodes');
-    const guestRoot = params.absolutePath('guestRoot', '/volumes');
-    const maxSize = params.quantity('maxSize', '1Gi');
+    const { nodePath, guestRoot, maxSize } = settings(req.class.parameters);
     if (req.claim.requestedBytes > maxSize) {
       throw new sdk.Infeasible(`{{name}}: the claim asks for ${sdk.formatBytes(req.claim.requestedBytes)}, more than maxSize ${sdk.formatBytes(maxSize)}`);
     }
@@ -42,7 +66,6 @@ class Guest {
   }
 }
 
-const plugin = sdk.exportProvisioner(new Guest());
-export const { describe, shouldProvision, provision, shouldDelete } = plugin;
-const remove = plugin.delete;
-export { remove as delete };
+// One export per interface: `provisioner`, and each capability the plugin implements.
+export const { provisioner, expander, capacityReporter, classValidator } =
+  sdk.exportPlugin(new Guest());

@@ -12,5 +12,6 @@ pub mod names;
 pub mod object;
 pub mod quantity;
 pub mod request;
+pub mod secret;
 pub mod types;
 pub mod volume;

@@ -55,6 +55,11 @@ pub const ANN_MODULE: &str = "wasm-provisioner.dev/module";
 /// volume, so an admin can tell which code owns a backend volume.
 pub const ANN_MODULE_SHA256: &str = "wasm-provisioner.dev/module-sha256";
 
+/// PV annotation: `namespace/name` of the Secret the volume was provisioned with (its
+/// reference, never its value), so `delete` and `expand` get the same Secret even when
+/// the class is gone.
+pub const ANN_SECRET: &str = "wasm-provisioner.dev/secret";
+
 // --- StorageClass parameters reserved by the host --------------------------------
 
 /// Class parameter naming the plugin module that serves the class. Never passed to the
@@ -64,8 +69,21 @@ pub const PARAM_MODULE: &str = "module";
 /// Class parameter pinning the module's sha256 (hex). Never passed to the plugin.
 pub const PARAM_MODULE_SHA256: &str = "moduleSHA256";
 
+/// Class parameter naming the Secret a module receives (a name, or a template with
+/// `${pvc.name}`, `${pvc.namespace}`, `${pv.name}`); bounded by the module's grants.
+/// Never passed to the plugin as a parameter.
+pub const PARAM_SECRET_NAME: &str = "secretName";
+
+/// Class parameter naming the namespace of that Secret (a name or a template).
+pub const PARAM_SECRET_NAMESPACE: &str = "secretNamespace";
+
 /// Every class parameter the host keeps for itself.
-pub const RESERVED_PARAMETERS: [&str; 2] = [PARAM_MODULE, PARAM_MODULE_SHA256];
+pub const RESERVED_PARAMETERS: [&str; 4] = [
+    PARAM_MODULE,
+    PARAM_MODULE_SHA256,
+    PARAM_SECRET_NAME,
+    PARAM_SECRET_NAMESPACE,
+];
 
 // --- Names and defaults ---------------------------------------------------------
 
@@ -132,6 +150,16 @@ pub const REASON_VOLUME_DELETE_GAVE_UP: &str = "VolumeDeleteGaveUp";
 /// Normal, on the PV, once per volume and host process: the plugin answered
 /// `in-background` (a large volume deleted in chunks); the host keeps asking. (Our own.)
 pub const REASON_VOLUME_DELETING: &str = "VolumeDeleting";
+/// Warning, on the StorageClass: its module's `validate-class` rejected it (the note
+/// is the module's message); its claims fail at once without `provision`. (Our own.)
+pub const REASON_CLASS_REJECTED: &str = "ClassRejected";
+/// Warning, on the StorageClass: its module's `validate-class` call failed (trapped,
+/// timed out); its claims fail at once, saying so. (Our own.)
+pub const REASON_CLASS_VALIDATION_FAILED: &str = "ClassValidationFailed";
+/// Warning, on the StorageClass: a new version of its module rejects the class (or
+/// fails to validate it) although the version in service accepts it, so the new
+/// version was held back and the old one keeps serving. (Our own.)
+pub const REASON_MODULE_VERSION_HELD_BACK: &str = "ModuleVersionHeldBack";
 
 /// Normal, on the claim: the module is being asked to expand the claim's volume (as
 /// kubernetes-csi/external-resizer's `Resizing`).

@@ -83,6 +83,12 @@ pub fn provision_request(
     })
 }
 
+/// A StorageClass as a plugin sees it (`validate-class`, `get-capacity`, and inside
+/// `provision-request`): the upstream defaults filled in, the reserved parameters out.
+pub fn plugin_class(class: &StorageClass) -> Result<types::Class, Error> {
+    class_of(class)
+}
+
 /// A class's parameters as a plugin sees them: without the host's reserved keys
 /// (`module`, `moduleSHA256`), sorted by key.
 pub fn plugin_parameters(class: &StorageClass) -> types::StringMap {
@@ -211,7 +217,9 @@ fn claim_of(claim: &PersistentVolumeClaim, key: &str) -> Result<types::Claim, Er
     })
 }
 
-fn class_of(class: &StorageClass) -> Result<types::Class, Error> {
+/// A StorageClass as a plugin sees it (`validate-class`, `get-capacity`, and the class of
+/// a `provision-request`).
+pub fn class_of(class: &StorageClass) -> Result<types::Class, Error> {
     let name = class.metadata.name.clone().unwrap_or_default();
     let reclaim_policy = match class.reclaim_policy.as_deref() {
         None | Some(names::RECLAIM_DELETE) => types::ReclaimPolicy::Delete,

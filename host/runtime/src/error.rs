@@ -231,6 +231,14 @@ pub enum LoadError {
         "module {module}: {name:?} is not a valid module name (lowercase letters, digits and '-', at most 63 characters)"
     )]
     InvalidName { module: String, name: String },
+    /// The host's [`crate::VersionGate`] held the version back (it refuses a class the
+    /// version in service accepts).
+    #[error("module {module} (version sha256:{version}) held back: {reason}")]
+    HeldBack {
+        module: String,
+        version: String,
+        reason: String,
+    },
     #[error("module {module} (version sha256:{version}) refused: {error}")]
     PoolShare {
         module: String,
@@ -251,6 +259,7 @@ impl LoadError {
             LoadError::Describe { .. } => "describe",
             LoadError::InvalidName { .. } => "invalid_name",
             LoadError::PoolShare { .. } => "pool_share",
+            LoadError::HeldBack { .. } => "held_back",
         }
     }
 }
@@ -266,6 +275,7 @@ impl LoadError {
             | LoadError::World { module, .. }
             | LoadError::Describe { module, .. }
             | LoadError::InvalidName { module, .. }
+            | LoadError::HeldBack { module, .. }
             | LoadError::PoolShare { module, .. } => module,
         }
     }
@@ -277,6 +287,7 @@ impl LoadError {
             | LoadError::CompileChild { version, .. }
             | LoadError::World { version, .. }
             | LoadError::Describe { version, .. }
+            | LoadError::HeldBack { version, .. }
             | LoadError::PoolShare { version, .. } => Some(version),
             _ => None,
         }

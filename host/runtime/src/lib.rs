@@ -48,7 +48,7 @@ pub use module::{LoadedModule, VERSION_DIGITS};
 pub use module_file::DEFAULT_MAX_MODULE_BYTES;
 pub use publish::{Unpublishable, publishable_volume};
 pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
-pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError, class_pin};
+pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError, VersionGate, class_pin};
 
 /// Most characters of a module name.
 pub const MAX_MODULE_NAME: usize = 63;

@@ -166,8 +166,12 @@ pub(crate) struct ModuleParts {
 }
 
 impl LoadedModule {
-    /// Calls `describe` and, if it answers sanely, makes the module callable.
-    pub(crate) async fn describe(parts: ModuleParts) -> Result<LoadedModule, CallError> {
+    /// Calls `describe` and, if it answers sanely, makes the module callable: still on
+    /// its validation permit, so a [`crate::VersionGate`] may call it; [`Self::serve`]
+    /// then gives it the module's permits.
+    pub(crate) async fn describe(
+        parts: ModuleParts,
+    ) -> Result<(LoadedModule, Arc<Semaphore>), CallError> {
         let version: Arc<str> = parts.sha256[..VERSION_DIGITS].into();
         let sandbox = Arc::new(Sandbox::new(
             parts.name.clone(),
@@ -205,10 +209,15 @@ impl LoadedModule {
         answer::check_info(&info, &module.pre.capabilities())
             .map_err(|reason| module.malformed(Call::Describe, reason))?;
         module.info = info;
-        module.permits = parts.permits;
-        // From now on its calls take the module's permits, within its share.
-        module.share.described();
-        Ok(module)
+        Ok((module, parts.permits))
+    }
+
+    /// Puts a described version on its module's permits: from now on its calls take
+    /// them, within its share.
+    pub(crate) fn serve(mut self, permits: Arc<Semaphore>) -> LoadedModule {
+        self.permits = permits;
+        self.share.described();
+        self
     }
 
     /// The module's name (its file is `NAME.wasm`).

@@ -152,6 +152,23 @@ struct Inner {
     /// Why the last load of each module failed, until one succeeds: what a claim of a
     /// module not in service is told.
     last_refusal: Mutex<HashMap<String, String>>,
+    /// What a new version must pass before it replaces the one in service.
+    gate: RwLock<Option<Arc<dyn VersionGate>>>,
+}
+
+/// A check, supplied by whoever uses the runtime, that a new version of a module must
+/// pass before it replaces the version in service (the host checks the StorageClasses
+/// the module serves). The runtime knows nothing of what is checked: `admit` gets the
+/// new version, described and callable on a permit of its own, and the version in
+/// service; an `Err(reason)` holds the new version back ([`LoadError::HeldBack`]) and
+/// the version in service keeps serving. A module's first version is not gated: there
+/// is nothing to keep serving instead.
+pub trait VersionGate: Send + Sync {
+    fn admit<'a>(
+        &'a self,
+        candidate: &'a LoadedModule,
+        serving: &'a LoadedModule,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>>;
 }
 
 /// A module marked as loading ([`Runtime::mark_loading`]) until this is dropped.
@@ -235,8 +252,20 @@ impl Runtime {
                 pending: Mutex::default(),
                 refused_versions: Mutex::default(),
                 last_refusal: Mutex::default(),
+                gate: RwLock::default(),
             }),
         })
+    }
+
+    /// Sets the check every replacement version must pass ([`VersionGate`]).
+    pub fn set_version_gate(&self, gate: Arc<dyn VersionGate>) {
+        *self.inner.gate.write().unwrap_or_else(|e| e.into_inner()) = Some(gate);
+    }
+
+    /// Forgets that `name`'s last version was refused, so the next scan tries it again
+    /// (what the gate checked has changed: a class fixed or deleted).
+    pub fn retry_refused(&self, name: &str) {
+        lock(&self.inner.refused_versions).remove(name);
     }
 
     pub fn engine(&self) -> &Engine {
@@ -505,7 +534,7 @@ impl Runtime {
                 Arc::new(Semaphore::new(grants.limits.max_concurrent_calls as usize))
             })
             .clone();
-        let module = LoadedModule::describe(ModuleParts {
+        let (module, permits) = LoadedModule::describe(ModuleParts {
             name: name.into(),
             sha256: sha256.clone(),
             pre,
@@ -524,6 +553,24 @@ impl Runtime {
             version: version.clone(),
             error: Box::new(error),
         })?;
+        // A replacement passes the host's gate first (the classes it would serve), while
+        // the version in service keeps serving.
+        let gate = self
+            .inner
+            .gate
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let (Some(gate), Some(serving)) = (gate, previous.as_deref()) {
+            gate.admit(&module, serving)
+                .await
+                .map_err(|reason| LoadError::HeldBack {
+                    module: name.to_string(),
+                    version: version.clone(),
+                    reason,
+                })?;
+        }
+        let module = module.serve(permits);
 
         let info = module.info().clone();
         self.inner

@@ -38,6 +38,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the provisioner controller against the cluster.
@@ -162,6 +164,15 @@ pub enum GuestCommand {
     Provision(GuestProvisionArgs),
     /// Delete the backend volume of a PersistentVolume with a module.
     Delete(GuestDeleteArgs),
+    /// Check a StorageClass with a module's `validate-class` (capability
+    /// validate-class): exits 0 when the module accepts it, 1 with its reason when not.
+    Validate(GuestValidateArgs),
+    /// Ask a module for the backend capacity of a StorageClass (capability
+    /// report-capacity) and print it (YAML).
+    Capacity(GuestCapacityArgs),
+    /// Grow the backend volume of a PersistentVolume with a module (capability expand)
+    /// and print the PV (YAML) with its new capacity.
+    Expand(GuestExpandArgs),
     /// Create a new guest project (Rust, Python or JavaScript) outside this repository:
     /// the WIT at this host's version, a plugin, build.sh, test.sh and a README.
     New(GuestNewArgs),
@@ -232,6 +243,62 @@ pub struct GuestDeleteArgs {
     pub class: Option<PathBuf>,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct GuestValidateArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// StorageClass YAML file.
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestCapacityArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// StorageClass YAML file.
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: PathBuf,
+
+    /// Node YAML file: the node whose capacity is asked (node-local mode).
+    #[arg(long, env = "WASM_PROVISIONER_NODE")]
+    pub node: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GuestExpandArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The module to call; defaults to the class's `module` parameter, then to the
+    /// PV's `wasm-provisioner.dev/module` annotation.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE")]
+    pub module: Option<String>,
+
+    /// PersistentVolume YAML file (such as what `guest provision` printed).
+    #[arg(long, env = "WASM_PROVISIONER_VOLUME")]
+    pub volume: PathBuf,
+
+    /// StorageClass YAML file (its parameters go to the plugin).
+    #[arg(long, env = "WASM_PROVISIONER_CLASS")]
+    pub class: Option<PathBuf>,
+
+    /// The size to grow to, a quantity such as `2Gi`: the claim's new request. It must
+    /// be larger than the PV's capacity.
+    #[arg(long, env = "WASM_PROVISIONER_SIZE")]
+    pub size: String,
+}
+
 /// Defaults, named once; docs/configuration.md lists them.
 pub const DEFAULT_THREADS: u16 = 8;
 pub const DEFAULT_RESYNC: &str = "15m";
@@ -240,6 +307,7 @@ pub const DEFAULT_KUBE_API_BURST: u32 = 300;
 pub const DEFAULT_PV_SAVE_RETRIES: u32 = 5;
 pub const DEFAULT_PV_SAVE_INTERVAL: &str = "10s";
 pub const DEFAULT_EVENT_MAX_DELAY: &str = "30s";
+pub const DEFAULT_CAPACITY_POLL_INTERVAL: &str = "60s";
 
 /// The controller's flags (the plugin flags are in `PluginArgs`).
 #[derive(Debug, Clone, Args)]
@@ -310,6 +378,12 @@ pub struct ControllerArgs {
     /// once. Warnings never wait.
     #[arg(long, env = "WASM_PROVISIONER_EVENT_MAX_DELAY", default_value = DEFAULT_EVENT_MAX_DELAY, value_parser = humantime::parse_duration)]
     pub event_max_delay: Duration,
+
+    /// How often the leader asks the module of each class of ours that reports capacity
+    /// (`get-capacity`) for its backend's space, exported as
+    /// wasm_provisioner_backend_capacity_bytes.
+    #[arg(long, env = "WASM_PROVISIONER_CAPACITY_POLL_INTERVAL", default_value = DEFAULT_CAPACITY_POLL_INTERVAL, value_parser = humantime::parse_duration)]
+    pub capacity_poll_interval: Duration,
 
     /// Average Kubernetes API requests per second of this process.
     #[arg(long, env = "WASM_PROVISIONER_KUBE_API_QPS", default_value_t = DEFAULT_KUBE_API_QPS)]
@@ -389,6 +463,10 @@ impl ControllerArgs {
             volume_protection_finalizer: self.volume_protection_finalizer,
             provision_before_binder: self.provision_before_binder,
             event_max_delay: self.event_max_delay,
+            // A zero interval would poll in a busy loop.
+            capacity_poll_interval: self
+                .capacity_poll_interval
+                .max(std::time::Duration::from_secs(1)),
             faults: Faults {
                 steps: self.fault_exit_after.clone(),
                 probability: self.fault_exit_probability,
@@ -477,6 +555,63 @@ mod tests {
     }
 
     #[test]
+    fn guest_capability_commands_parse() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Validate(args),
+        }) = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "validate",
+            "--class",
+            "sc.yaml",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not guest validate");
+        };
+        assert_eq!(args.class, PathBuf::from("sc.yaml"));
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Capacity(args),
+        }) = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "capacity",
+            "--class",
+            "sc.yaml",
+            "--node",
+            "node.yaml",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not guest capacity");
+        };
+        assert_eq!(args.node, Some(PathBuf::from("node.yaml")));
+        let Command::Guest(GuestArgs {
+            command: GuestCommand::Expand(args),
+        }) = parse(&[
+            "wasm-provisioner",
+            "guest",
+            "expand",
+            "--volume",
+            "pv.yaml",
+            "--size",
+            "2Gi",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not guest expand");
+        };
+        assert_eq!(args.size, "2Gi");
+        assert!(args.class.is_none());
+        // --size is required.
+        assert!(parse(&["wasm-provisioner", "guest", "expand", "--volume", "pv.yaml"]).is_err());
+    }
+
+    #[test]
     fn max_module_bytes_is_a_positive_byte_count_for_run_and_guest() {
         let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
         let plugins = |cli: Cli| match cli.command {
@@ -486,6 +621,15 @@ mod tests {
             }) => args.plugins,
             Command::Guest(GuestArgs {
                 command: GuestCommand::Delete(args),
+            }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Validate(args),
+            }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Capacity(args),
+            }) => args.plugins,
+            Command::Guest(GuestArgs {
+                command: GuestCommand::Expand(args),
             }) => args.plugins,
             Command::Guest(GuestArgs {
                 command: GuestCommand::New(_),

@@ -4,7 +4,11 @@
 //! request exactly as the controller does (`request::provision_request`), calls the
 //! module through the same runtime (fresh sandbox, grants, limits, `should-provision`
 //! then `provision`) and prints the PersistentVolume the controller would create
-//! (`volume::persistent_volume`). `guest delete` does the same for a PV. The backend work
+//! (`volume::persistent_volume`). `guest delete` does the same for a PV. The optional
+//! capabilities of contract 0.2 have one command each: `guest validate` (a class through
+//! `validate-class`), `guest capacity` (a class's backend through `get-capacity`) and
+//! `guest expand` (a PV grown to `--size` through `expand`, printed with its new
+//! capacity); a module without the capability is an error naming both. The backend work
 //! is real: a hostpath plugin granted a directory really creates or removes it.
 
 use std::path::{Path, PathBuf};
@@ -13,10 +17,16 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde::de::DeserializeOwned;
 
-use crate::cli::args::{GuestDeleteArgs, GuestProvisionArgs, PluginArgs};
+use crate::cli::args::{
+    GuestCapacityArgs, GuestDeleteArgs, GuestExpandArgs, GuestProvisionArgs, GuestValidateArgs,
+    PluginArgs,
+};
 use wasm_provisioner_rules::names;
-use wasm_provisioner_rules::types::{DeleteError, ProvisionError};
-use wasm_provisioner_rules::{request, volume};
+use wasm_provisioner_rules::types::{
+    BackendCapacity, CallContext, Capability, CapacityRequest, DeleteError, ExpandError,
+    ExpandRequest, ProvisionError,
+};
+use wasm_provisioner_rules::{quantity, request, volume};
 use wasm_provisioner_runtime::{
     CallError, GrantsError, LoadError, LoadedModule, ResolveError, Runtime, RuntimeError,
 };
@@ -94,6 +104,63 @@ pub enum GuestCliError {
         version: String,
         outcome: &'static str,
         message: String,
+    },
+    #[error(
+        "module {module} (version sha256:{version}, contract {contract}) has no capability `{capability}`: it does not export the interface `wasm-provisioner:plugin/{interface}@0.2.0` (its capabilities: {has})"
+    )]
+    MissingCapability {
+        module: String,
+        version: String,
+        contract: String,
+        capability: Capability,
+        interface: &'static str,
+        has: String,
+    },
+    #[error(
+        "module {module} (version sha256:{version}) refused the StorageClass {class}: {message}"
+    )]
+    ClassRefused {
+        module: String,
+        version: String,
+        class: String,
+        message: String,
+    },
+    #[error("module {module} (version sha256:{version}) did not report the capacity: {message}")]
+    Capacity {
+        module: String,
+        version: String,
+        message: String,
+    },
+    #[error("--size {size:?} is not a size: {source}; write a quantity such as 2Gi")]
+    BadSize {
+        size: String,
+        source: quantity::Error,
+    },
+    #[error(
+        "--size {size} is not larger than the volume {volume}'s capacity ({capacity} bytes): the host only asks to grow a volume"
+    )]
+    NotLarger {
+        size: String,
+        volume: String,
+        capacity: u64,
+    },
+    #[error(
+        "module {module} (version sha256:{version}) did not expand the volume: {outcome}: {message}"
+    )]
+    Expand {
+        module: String,
+        version: String,
+        outcome: &'static str,
+        message: String,
+    },
+    #[error(
+        "module {module} (version sha256:{version}) answered {answer} bytes for an expansion to {requested} bytes: less than asked"
+    )]
+    ExpandedTooLittle {
+        module: String,
+        version: String,
+        answer: u64,
+        requested: u64,
     },
 }
 
@@ -176,29 +243,36 @@ pub enum DeleteOutcome {
 /// can loop until it exits 0.
 pub const EXIT_DELETE_IN_BACKGROUND: u8 = 3;
 
-/// Runs `guest delete`.
-pub async fn delete(args: &GuestDeleteArgs) -> Result<DeleteOutcome, GuestCliError> {
-    let pv: PersistentVolume = read_object("PersistentVolume", &args.volume)?;
-    let class: Option<StorageClass> = args
-        .class
-        .as_deref()
+/// The PV and class YAML files of a call on an existing volume, and the module that
+/// serves it: `--module`, else the class's `module` parameter, else the PV's annotation.
+fn volume_class_and_module(
+    volume: &Path,
+    class: Option<&Path>,
+    module: Option<&str>,
+) -> Result<(PersistentVolume, Option<StorageClass>, String), GuestCliError> {
+    let pv: PersistentVolume = read_object("PersistentVolume", volume)?;
+    let class: Option<StorageClass> = class
         .map(|path| read_object("StorageClass", path))
         .transpose()?;
     let parameters = class
         .as_ref()
-        .and_then(|c| c.parameters.clone())
-        .unwrap_or_default();
+        .and_then(|c| c.parameters.as_ref())
+        .and_then(|p| p.get(names::PARAM_MODULE))
+        .map(String::as_str);
     let annotated = pv
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(names::ANN_MODULE))
         .map(String::as_str);
-    let module_name = choose_module(
-        args.module.as_deref(),
-        parameters.get(names::PARAM_MODULE).map(String::as_str),
-        annotated,
-    )?;
+    let module_name = choose_module(module, parameters, annotated)?;
+    Ok((pv, class, module_name))
+}
+
+/// Runs `guest delete`.
+pub async fn delete(args: &GuestDeleteArgs) -> Result<DeleteOutcome, GuestCliError> {
+    let (pv, class, module_name) =
+        volume_class_and_module(&args.volume, args.class.as_deref(), args.module.as_deref())?;
     // Deletes use the version in service whatever the class pins: a pin guards new
     // volumes, and refusing a delete would leak the backend volume.
     let module = load(&args.plugins, &module_name, None).await?;
@@ -238,6 +312,170 @@ pub async fn delete(args: &GuestDeleteArgs) -> Result<DeleteOutcome, GuestCliErr
         module.name(),
         module.version()
     )))
+}
+
+/// Runs `guest validate`; returns a one-line summary when the module accepts the class.
+pub async fn validate(args: &GuestValidateArgs) -> Result<String, GuestCliError> {
+    let class: StorageClass = read_object("StorageClass", &args.class)?;
+    let parameters = class.parameters.clone().unwrap_or_default();
+    let module_name = choose_module(
+        args.module.as_deref(),
+        parameters.get(names::PARAM_MODULE).map(String::as_str),
+        None,
+    )?;
+    let pinned = wasm_provisioner_runtime::class_pin(&module_name, Some(&parameters))?;
+    let module = load(&args.plugins, &module_name, pinned).await?;
+    require(&module, Capability::ValidateClass)?;
+    let plugin_class = request::plugin_class(&class)?;
+    match module.validate_class(&plugin_class).await? {
+        Ok(()) => Ok(format!(
+            "module {} (version sha256:{}) accepts the StorageClass {}",
+            module.name(),
+            module.version(),
+            plugin_class.name
+        )),
+        Err(message) => Err(GuestCliError::ClassRefused {
+            module: module.name().to_string(),
+            version: module.version().to_string(),
+            class: plugin_class.name,
+            message,
+        }),
+    }
+}
+
+/// Runs `guest capacity`; returns the backend's capacity as YAML.
+pub async fn capacity(args: &GuestCapacityArgs) -> Result<String, GuestCliError> {
+    let class: StorageClass = read_object("StorageClass", &args.class)?;
+    let node: Option<Node> = args
+        .node
+        .as_deref()
+        .map(|path| read_object("Node", path))
+        .transpose()?;
+    let parameters = class.parameters.clone().unwrap_or_default();
+    let module_name = choose_module(
+        args.module.as_deref(),
+        parameters.get(names::PARAM_MODULE).map(String::as_str),
+        None,
+    )?;
+    let pinned = wasm_provisioner_runtime::class_pin(&module_name, Some(&parameters))?;
+    let module = load(&args.plugins, &module_name, pinned).await?;
+    require(&module, Capability::ReportCapacity)?;
+    let node = node.map(|n| wasm_provisioner_rules::types::Node {
+        name: n.metadata.name.clone().unwrap_or_default(),
+        labels: request::string_map(n.metadata.labels.as_ref()),
+    });
+    let capacity_request = CapacityRequest {
+        class: request::plugin_class(&class)?,
+        // As in node-local mode: the node asked about is the node the call runs for.
+        context: CallContext {
+            node: node.as_ref().map(|n| n.name.clone()),
+        },
+        node,
+    };
+    let answer = module
+        .get_capacity(&capacity_request)
+        .await?
+        .map_err(|message| GuestCliError::Capacity {
+            module: module.name().to_string(),
+            version: module.version().to_string(),
+            message,
+        })?;
+    Ok(capacity_yaml(&answer))
+}
+
+/// The capacity as `guest capacity` prints it: bytes, and the same as a quantity.
+fn capacity_yaml(answer: &BackendCapacity) -> String {
+    let line =
+        |key: &str, bytes: u64| format!("{key}: {bytes} # {}\n", quantity::format_bytes(bytes).0);
+    let mut text =
+        line("totalBytes", answer.total_bytes) + &line("availableBytes", answer.available_bytes);
+    if let Some(max) = answer.maximum_volume_bytes {
+        text += &line("maximumVolumeBytes", max);
+    }
+    text
+}
+
+/// Runs `guest expand`; returns the PV as YAML with its new capacity.
+pub async fn expand(args: &GuestExpandArgs) -> Result<String, GuestCliError> {
+    let (mut pv, class, module_name) =
+        volume_class_and_module(&args.volume, args.class.as_deref(), args.module.as_deref())?;
+    let requested_bytes =
+        quantity::parse_bytes(&args.size).map_err(|source| GuestCliError::BadSize {
+            size: args.size.clone(),
+            source,
+        })?;
+    // The volume exists: as for deletes, the version in service grows it.
+    let module = load(&args.plugins, &module_name, None).await?;
+    require(&module, Capability::Expand)?;
+    let current = volume::delete_request(&pv, class.as_ref())?;
+    if requested_bytes <= current.volume.capacity_bytes {
+        return Err(GuestCliError::NotLarger {
+            size: args.size.clone(),
+            volume: current.volume.name,
+            capacity: current.volume.capacity_bytes,
+        });
+    }
+    let expand_request = ExpandRequest {
+        volume: current.volume,
+        class_name: current.class_name,
+        class_parameters: current.class_parameters,
+        requested_bytes,
+        secret: None,
+        context: CallContext::default(),
+    };
+    let answer = module.expand(&expand_request).await?.map_err(|error| {
+        let (outcome, message) = match error {
+            ExpandError::Failed(m) => ("failed", m),
+            ExpandError::InBackground(m) => ("in background (run it again)", m),
+            ExpandError::Infeasible(m) => ("infeasible", m),
+        };
+        GuestCliError::Expand {
+            module: module.name().to_string(),
+            version: module.version().to_string(),
+            outcome,
+            message,
+        }
+    })?;
+    if answer < requested_bytes {
+        return Err(GuestCliError::ExpandedTooLittle {
+            module: module.name().to_string(),
+            version: module.version().to_string(),
+            answer,
+            requested: requested_bytes,
+        });
+    }
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.capacity.get_or_insert_with(Default::default).insert(
+            names::RESOURCE_STORAGE.to_string(),
+            quantity::format_bytes(answer),
+        );
+    }
+    Ok(serde_yaml::to_string(&pv).expect("a PersistentVolume serializes to YAML"))
+}
+
+/// Refuses a module without `capability`, naming both.
+fn require(module: &LoadedModule, capability: Capability) -> Result<(), GuestCliError> {
+    if module.has(capability) {
+        return Ok(());
+    }
+    let has: Vec<&str> = module
+        .info()
+        .capabilities
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    Err(GuestCliError::MissingCapability {
+        module: module.name().to_string(),
+        version: module.version().to_string(),
+        contract: module.contract().to_string(),
+        capability,
+        interface: capability.interface(),
+        has: if has.is_empty() {
+            "none".to_string()
+        } else {
+            has.join(", ")
+        },
+    })
 }
 
 /// The module to call: the flag, else the class's parameter, else the PV's annotation.

@@ -2,10 +2,11 @@
 //! outside this repository.
 //!
 //! Every template (in `guests/templates/`, embedded in the binary) holds the contract
-//! vendored at this host's version (`wit/provisioner.wit`), a plugin that makes one
-//! directory per volume, `build.sh` (to `dist/NAME.wasm`), `test.sh` (builds, then runs
-//! the module in the offline runner with a real granted directory), the class and claims
-//! the test uses, and a README. Python and JavaScript projects carry their SDK file and
+//! vendored at this host's version (`wit/provisioner.wit`, contract 0.2), a plugin that
+//! makes one directory per volume and has the optional capability `validate-class` (with
+//! `expand` commented out, to show how a capability is added), `build.sh` (to
+//! `dist/NAME.wasm`), `test.sh` (builds, then runs the module in the offline runner with
+//! a real granted directory), the classes and claims the test uses, and a README. Python and JavaScript projects carry their SDK file and
 //! the same pinned toolchain as this repository's guests (`guests/python/requirements.txt`,
 //! `guests/js/package-lock.json`); a Rust project depends on the SDK crate by git tag of
 //! this host's version, or by path with `--sdk-path` (development, or no network).
@@ -48,10 +49,11 @@ pub enum GuestNewError {
     },
 }
 
-const WIT: &str = include_str!("../../../wit/0.1.0/provisioner.wit");
+const WIT: &str = include_str!("../../../wit/0.2.0/provisioner.wit");
 const README: &str = include_str!("../../../guests/templates/common/README.md");
 const TEST_SH: &str = include_str!("../../../guests/templates/common/test.sh");
 const TEST_CLASS: &str = include_str!("../../../guests/templates/common/test/class.yaml");
+const TEST_CLASS_TYPO: &str = include_str!("../../../guests/templates/common/test/class-typo.yaml");
 const TEST_CLAIM: &str = include_str!("../../../guests/templates/common/test/claim.yaml");
 const TEST_CLAIM_TOO_BIG: &str =
     include_str!("../../../guests/templates/common/test/claim-too-big.yaml");
@@ -64,6 +66,7 @@ const PY_APP: &str = include_str!("../../../guests/templates/python/src/app.py")
 const PY_BUILD: &str = include_str!("../../../guests/templates/python/build.sh");
 const PY_REQUIREMENTS: &str = include_str!("../../../guests/python/requirements.txt");
 const PY_SDK: &str = include_str!("../../../guests/python/sdk/wasm_provisioner_sdk.py");
+const PY_WORLD: &str = include_str!("../../../guests/python/sdk/wasm_provisioner_world.py");
 
 const JS_APP: &str = include_str!("../../../guests/templates/js/app.js");
 const JS_BUILD: &str = include_str!("../../../guests/templates/js/build.sh");
@@ -100,7 +103,7 @@ pub fn project_files(
         .find_map(|l| l.strip_prefix("package "))
         .map(|p| p.trim_end_matches(';').to_string())
         .unwrap_or_default();
-    let (lang_name, main_file, test_what, extra, toolchain, native_test) = match lang {
+    let (lang_name, main_file, test_what, extra, toolchain, native_test, howto) = match lang {
         Lang::Rust => (
             "Rust",
             "`src/lib.rs`",
@@ -108,19 +111,26 @@ pub fn project_files(
             "| `Cargo.toml` | the crate (a `cdylib`) and its SDK dependency |\n",
             rust_toolchain_notes(version),
             "cargo test --quiet\n",
+            "implement the trait (`Expander`, `CapacityReporter`, `ClassValidator`) and name \
+             the capability in `export!` (`capabilities: [validate_class, expand]`).",
         ),
         Lang::Python => (
             "Python",
             "`src/app.py`",
             "builds, then runs the module in the offline runner",
             "| `sdk/wasm_provisioner_sdk.py` | the Python SDK, at the host's version |\n\
+             | `sdk/wasm_provisioner_world.py` | writes the world the plugin is built for (its capabilities) |\n\
              | `requirements.txt` | componentize-py, pinned |\n",
             "`build.sh` installs componentize-py (pinned in `requirements.txt`) into `.venv` on \
-             first use (`COMPONENTIZE_PY_VENV` names another venv) and runs `componentize-py -d \
-             wit -w provisioner componentize -p src -p sdk app`. Python 3.10 or later. The \
-             component is ~19 MB: more than a ConfigMap holds (see Deploy)."
+             first use (`COMPONENTIZE_PY_VENV` names another venv), writes the world the plugin \
+             is built for (`sdk/wasm_provisioner_world.py`: contract 0.2's `plugin` world plus \
+             an export per capability method the plugin class defines) and runs \
+             `componentize-py -d WORLD_DIR -w guest componentize -p src -p sdk app`. Python \
+             3.10 or later. The component is ~19 MB: more than a ConfigMap holds (see Deploy)."
                 .to_string(),
             "",
+            "define the method (`expand`, `get_capacity`, `validate_class`) in the plugin class; \
+             build.sh exports its interface.",
         ),
         Lang::Js => (
             "JavaScript",
@@ -131,10 +141,14 @@ pub fn project_files(
              | `package.json`, `package-lock.json` | componentize-js, pinned |\n",
             "`build.sh` runs `npm ci` on first use (`NODE_MODULES_DIR` names a `node_modules` \
              installed from the same lock, linked instead) and `node componentize.mjs app.js \
-             dist/NAME.wasm wit`. Node 18 or later. The component is ~13 MB: more than a \
+             dist/NAME.wasm wit`, which loads `app.js` in Node once (the host's imports \
+             stubbed) to see which capability exports it defines and builds for a world \
+             exporting exactly those. Node 20.6 or later. The component is ~13 MB: more than a \
              ConfigMap holds (see Deploy)."
                 .to_string(),
             "",
+            "add the method (`expand`, `getCapacity`, `validateClass`) to the plugin; \
+             `exportPlugin` and the build export its interface.",
         ),
     };
     let delivery = match lang {
@@ -186,11 +200,13 @@ pub fn project_files(
             .replace("{{extra_files}}", extra)
             .replace("{{toolchain}}", &toolchain)
             .replace("{{delivery}}", delivery)
+            .replace("{{capability_howto}}", howto)
     };
     let mut files = vec![
         ("README.md", fill(README), false),
         ("test.sh", fill(TEST_SH), true),
         ("test/class.yaml", fill(TEST_CLASS), false),
+        ("test/class-typo.yaml", fill(TEST_CLASS_TYPO), false),
         ("test/claim.yaml", fill(TEST_CLAIM), false),
         ("test/claim-too-big.yaml", fill(TEST_CLAIM_TOO_BIG), false),
         ("wit/provisioner.wit", WIT.to_string(), false),
@@ -205,6 +221,7 @@ pub fn project_files(
         Lang::Python => files.extend([
             ("src/app.py", fill(PY_APP), false),
             ("sdk/wasm_provisioner_sdk.py", PY_SDK.to_string(), false),
+            ("sdk/wasm_provisioner_world.py", PY_WORLD.to_string(), false),
             ("requirements.txt", PY_REQUIREMENTS.to_string(), false),
             ("build.sh", fill(PY_BUILD), true),
             (
@@ -312,6 +329,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn new_projects_are_contract_0_2_with_their_build_tools() {
+        for lang in [Lang::Rust, Lang::Python, Lang::Js] {
+            let files = project_files("g", lang, None).unwrap();
+            let file = |name: &str| files.iter().find(|f| f.0 == name).map(|f| &f.1);
+            assert!(
+                file("wit/provisioner.wit")
+                    .unwrap()
+                    .contains("package wasm-provisioner:plugin@0.2.0;"),
+                "{lang:?}"
+            );
+            assert!(file("test/class-typo.yaml").is_some(), "{lang:?}");
+            let readme = file("README.md").unwrap();
+            assert!(
+                readme.contains("wasm-provisioner:plugin@0.2.0")
+                    && readme.contains("## Capabilities"),
+                "{lang:?}: {readme}"
+            );
+        }
+        let files = project_files("g", Lang::Python, None).unwrap();
+        assert!(files.iter().any(|f| f.0 == "sdk/wasm_provisioner_world.py"));
+        let files = project_files("g", Lang::Js, None).unwrap();
+        let world = &files.iter().find(|f| f.0 == "world.wit").unwrap().1;
+        assert!(world.contains("include wasm-provisioner:plugin/plugin@0.2.0;"));
     }
 
     #[test]

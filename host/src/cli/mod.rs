@@ -1,6 +1,6 @@
 //! The command line: `wasm-provisioner run` (the controller), `wasm-provisioner guest
-//! provision|delete` (the offline runner of one plugin call) and `wasm-provisioner guest
-//! new` (a new guest project). Every flag has an
+//! provision|delete|validate|capacity|expand` (the offline runner of one plugin call)
+//! and `wasm-provisioner guest new` (a new guest project). Every flag has an
 //! environment variable (`WASM_PROVISIONER_...`) and a named default.
 
 pub mod args;
@@ -81,6 +81,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(guest::EXIT_DELETE_IN_BACKGROUND))
             }
         },
+        Command::Guest(GuestArgs {
+            command: GuestCommand::Validate(args),
+        }) => {
+            println!("{}", guest::validate(&args).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Guest(GuestArgs {
+            command: GuestCommand::Capacity(args),
+        }) => {
+            print!("{}", guest::capacity(&args).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Guest(GuestArgs {
+            command: GuestCommand::Expand(args),
+        }) => {
+            print!("{}", guest::expand(&args).await?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::CompileModule(args) => Ok(wasm_provisioner_runtime::compile::child_main(&args)),
         Command::Guest(GuestArgs {
             command: GuestCommand::New(args),

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::cli::args::{ControllerArgs, PluginArgs};
+use crate::controller::classes::{ClassChecks, ClassGate};
 use crate::controller::{self, Settings};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
@@ -52,6 +53,17 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
     let lease_client = Client::try_from(config.clone())?;
     let client = crate::client::rate_limited(config, args.kube_api_qps, args.kube_api_burst)?;
     let runtime = Runtime::new(plugins.runtime_config()?)?;
+    let metrics = Arc::new(Metrics::new());
+    // The verdicts on the classes, and the gate every replacement module version must
+    // pass (it must accept the classes the version in service accepts): set before the
+    // first scan, so no reload goes unchecked.
+    let class_checks = ClassChecks::new(
+        args.provisioner_name.clone(),
+        runtime.clone(),
+        metrics.clone(),
+        client.clone(),
+    );
+    runtime.set_version_gate(Arc::new(ClassGate(class_checks.clone())));
     // Modules load in the background (each compile in a bounded child process): the
     // endpoint and the controllers start at once, and a claim of a module still loading
     // waits for it without a failure.
@@ -64,7 +76,6 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
         })?;
     info!(dir = %plugins.modules.display(), "loading modules in the background");
 
-    let metrics = Arc::new(Metrics::new());
     metrics.register_runtime(runtime.clone());
     let health = Arc::new(Health::default());
     let shutdown = CancellationToken::new();
@@ -102,7 +113,16 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
         let metrics = metrics.clone();
         let health = health.clone();
         move |leadership: Leadership, stop: CancellationToken| {
-            controller::run(client, settings, runtime, metrics, health, leadership, stop)
+            controller::run(
+                client,
+                settings,
+                runtime,
+                metrics,
+                health,
+                leadership,
+                class_checks,
+                stop,
+            )
         }
     };
     let result = if args.leader_elect {

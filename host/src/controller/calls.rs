@@ -70,16 +70,24 @@ pub(super) fn observe_call(
     started: Instant,
     outcome: &str,
 ) {
+    observe(&ctx.metrics, module, call, started, outcome);
+}
+
+/// [`observe_call`] with the metrics at hand.
+pub(super) fn observe(
+    metrics: &crate::metrics::Metrics,
+    module: &LoadedModule,
+    call: Call,
+    started: Instant,
+    outcome: &str,
+) {
     let labels = [module.name(), call.as_str(), outcome];
-    ctx.metrics
+    metrics
         .guest_call_duration
         .with_label_values(&labels)
         .observe(started.elapsed().as_secs_f64());
     if outcome != "ok" {
-        ctx.metrics
-            .guest_call_failures
-            .with_label_values(&labels)
-            .inc();
+        metrics.guest_call_failures.with_label_values(&labels).inc();
     }
 }
 

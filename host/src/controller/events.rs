@@ -205,6 +205,8 @@ impl SeriesCache {
     }
 }
 
+/// Clones share the writers, which end once every clone is dropped.
+#[derive(Clone)]
 pub struct EventSink {
     /// One queue per writer task; a series' key picks its writer.
     queues: Vec<mpsc::Sender<Job>>,
@@ -361,6 +363,25 @@ impl EventSink {
             EventType::Warning,
             reason,
             "Delete",
+            note,
+        )
+        .await;
+    }
+
+    /// A Warning Event on a StorageClass (lands in namespace `default`: classes are
+    /// cluster-scoped); `action` is what was being done (`Validate`, `Reload`).
+    pub async fn class_warning(
+        &self,
+        class: &k8s_openapi::api::storage::v1::StorageClass,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.publish(
+            class.object_ref(&()),
+            EventType::Warning,
+            reason,
+            action,
             note,
         )
         .await;

@@ -9,6 +9,7 @@
 
 mod calls;
 pub mod claims;
+pub mod classes;
 mod events;
 pub mod expansion;
 pub mod faults;
@@ -17,6 +18,7 @@ mod journal;
 mod pool_full;
 mod recent;
 pub mod retry;
+pub mod secrets;
 pub mod shares;
 mod static_volumes;
 mod storm;
@@ -82,6 +84,9 @@ pub struct Settings {
     pub provision_before_binder: bool,
     /// The longest a Normal Event waits for a provisioning storm to pass ([`storm`]).
     pub event_max_delay: Duration,
+    /// How often the leader asks each class's module for its backend's capacity
+    /// ([`classes::capacity`]).
+    pub capacity_poll_interval: Duration,
 }
 
 /// Everything a reconcile needs.
@@ -117,6 +122,8 @@ pub struct Context {
     pub static_volumes: Arc<static_volumes::StaticVolumes>,
     /// Whether a provisioning storm is on (Normal Events wait for it, [`storm`]).
     pub storm: Arc<storm::Storm>,
+    /// The classes' verdicts ([`classes`]).
+    pub class_checks: Arc<classes::ClassChecks>,
 }
 
 impl Context {
@@ -352,6 +359,8 @@ struct Watches {
     volume_shares: Arc<WorkerShares<PersistentVolume>>,
     static_volumes: Arc<static_volumes::StaticVolumes>,
     storm: Arc<storm::Storm>,
+    /// Claims to reconcile again because their class's module changed ([`classes::run`]).
+    verdict_changed: futures::channel::mpsc::UnboundedSender<ObjectRef<PersistentVolumeClaim>>,
 }
 
 /// Starts the class and node watches (they run until `stop`) and makes the claim and
@@ -402,6 +411,7 @@ fn watch(
     // caches hold each change: a Bound claim changed, or a PV of ours (its claim).
     let (claim_expands, claim_expansions) = futures::channel::mpsc::unbounded();
     let (volume_expands, volume_expansions) = futures::channel::mpsc::unbounded();
+    let (verdict_changed, verdict_wakeups) = futures::channel::mpsc::unbounded();
     let claim_feed = Feed {
         objects: cached(Api::all(client.clone()), claims_writer, |_| {})
             .inspect_ok(move |claim| {
@@ -410,7 +420,11 @@ fn watch(
                 }
             })
             .boxed(),
-        triggers: vec![claim_wakeups.boxed(), class_wakeups.boxed()],
+        triggers: vec![
+            claim_wakeups.boxed(),
+            class_wakeups.boxed(),
+            verdict_wakeups.boxed(),
+        ],
     };
     let static_volumes = Arc::new(static_volumes::StaticVolumes::default());
     let storm = Arc::new(storm::Storm::new(&settings.provisioner_name));
@@ -444,11 +458,14 @@ fn watch(
         volume_shares,
         static_volumes,
         storm,
+        verdict_changed,
     }
 }
 
-/// Runs the controllers until `stop` is cancelled, then lets in-flight reconciles
-/// finish (graceful shutdown) and returns.
+/// Runs the claim, volume and expansion controllers, the class checks and the capacity
+/// poll until `stop` is cancelled, then lets in-flight reconciles finish (graceful
+/// shutdown) and returns.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -456,6 +473,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     leadership: Leadership,
+    class_checks: Arc<classes::ClassChecks>,
     stop: CancellationToken,
 ) {
     let watcher_stop = CancellationToken::new();
@@ -483,6 +501,11 @@ pub async fn run(
     let journal_writer = tokio::spawn(journal.clone().run_writer(journal_stop.clone()));
 
     let (caches_synced_tx, caches_synced) = tokio::sync::watch::channel(false);
+    class_checks.lead(
+        events.clone(),
+        watches.classes.clone(),
+        caches_synced.clone(),
+    );
     let retries = |failure_threshold| {
         Retries::new(RetryPolicy {
             failure_threshold,
@@ -510,8 +533,31 @@ pub async fn run(
         recent: recent::Recent::default(),
         static_volumes: watches.static_volumes,
         storm: watches.storm,
+        class_checks,
     });
 
+    let class_loops = async {
+        tokio::select! {
+            _ = context.caches_synced() => {}
+            _ = stop.cancelled() => return,
+        }
+        futures::future::join(
+            classes::run(
+                context.class_checks.clone(),
+                context.classes.clone(),
+                context.claims.clone(),
+                watches.verdict_changed,
+                stop.clone(),
+            ),
+            classes::capacity::run(
+                context.class_checks.clone(),
+                context.classes.clone(),
+                context.settings.capacity_poll_interval,
+                stop.clone(),
+            ),
+        )
+        .await;
+    };
     tokio::join!(
         claims::start(context.clone(), watches.claim_feed, stop.clone()),
         volumes::start(context.clone(), watches.volume_feed, stop.clone()),
@@ -519,7 +565,9 @@ pub async fn run(
         ready_once_synced(&context, &health, caches_synced_tx, &stop),
         gauge_queues(&context, &stop),
         sweep_journal_every(&context, &stop),
+        class_loops,
     );
+    context.class_checks.stand_down();
     journal_stop.cancel();
     if let Err(error) = journal_writer.await {
         warn!(%error, "provisioning journal writer failed");

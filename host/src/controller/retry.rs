@@ -32,6 +32,9 @@ struct State {
     given_up: HashMap<String, u64>,
     /// Keys whose last failure was infeasible, with their class's resourceVersion.
     infeasible: HashMap<String, String>,
+    /// Keys whose class was rejected by its module, with the class's resourceVersion
+    /// and the module's sha256.
+    rejected: HashMap<String, (String, String)>,
     /// Keys waiting out a retry delay: the object's fingerprint then, and until when.
     held: HashMap<String, (u64, Instant)>,
 }
@@ -97,6 +100,18 @@ impl Retries {
         self.policy.infeasible_delay()
     }
 
+    /// Records that `key`'s class was rejected (or could not be validated) under class
+    /// version `class_version` and module version `module_sha256`: the slow retry, as
+    /// for an infeasible answer; the decision forgives it once either version changes.
+    pub fn rejected(&self, key: &str, class_version: &str, module_sha256: &str) -> Duration {
+        let mut state = self.state.lock().expect("retry state lock");
+        state.rejected.insert(
+            key.to_string(),
+            (class_version.to_string(), module_sha256.to_string()),
+        );
+        self.policy.infeasible_delay()
+    }
+
     /// Whether `key` was infeasible under a class version other than `class_version`:
     /// the class changed, so its back-off starts over.
     pub fn class_changed(&self, key: &str, class_version: &str) -> bool {
@@ -159,6 +174,7 @@ impl Retries {
             given_up: state.given_up.get(key).copied(),
             held: state.held.get(key).copied(),
             infeasible_under: state.infeasible.get(key).cloned(),
+            rejected_under: state.rejected.get(key).cloned(),
         }
     }
 
@@ -174,6 +190,7 @@ impl Retries {
             backoff.forget(&key.to_string());
             state.given_up.remove(key);
             state.infeasible.remove(key);
+            state.rejected.remove(key);
             state.held.remove(key);
         });
     }
@@ -187,6 +204,7 @@ impl Retries {
             backoff.retain(|key| live(key));
             state.given_up.retain(|key, _| live(key));
             state.infeasible.retain(|key, _| live(key));
+            state.rejected.retain(|key, _| live(key));
             state.held.retain(|key, _| live(key));
         });
     }
@@ -196,6 +214,7 @@ impl Retries {
         let state = self.state.lock().expect("retry state lock");
         let mut keys: std::collections::HashSet<&String> = state.given_up.keys().collect();
         keys.extend(state.infeasible.keys());
+        keys.extend(state.rejected.keys());
         keys.extend(state.held.keys());
         keys.extend(state.backoff.iter().flat_map(Backoff::keys));
         keys.len()

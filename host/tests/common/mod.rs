@@ -130,3 +130,30 @@ pub fn provision_request(class: &str) -> ProvisionRequest {
         context: Default::default(),
     }
 }
+
+/// The interfaces a component exports, by their full names
+/// (`wasm-provisioner:plugin/provisioner@0.2.0`), sorted; functions exported at the root
+/// as `fn NAME`.
+pub fn component_exports(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let wit_component::DecodedWasm::Component(resolve, world) =
+        wit_component::decode(&bytes).expect("a component")
+    else {
+        panic!("{} is not a component", path.display());
+    };
+    let mut names: Vec<String> = resolve.worlds[world]
+        .exports
+        .iter()
+        .map(|(key, item)| match (key, item) {
+            (wit_parser::WorldKey::Interface(id), _) => {
+                resolve.id_of(*id).unwrap_or_else(|| format!("{id:?}"))
+            }
+            (wit_parser::WorldKey::Name(name), wit_parser::WorldItem::Function(_)) => {
+                format!("fn {name}")
+            }
+            (wit_parser::WorldKey::Name(name), _) => name.clone(),
+        })
+        .collect();
+    names.sort();
+    names
+}

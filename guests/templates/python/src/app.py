@@ -1,6 +1,11 @@
 """{{name}}: a wasm-provisioner guest. One directory per volume, `guestRoot/<pv-name>`
 inside the directory the cluster admin granted this module, published as the hostPath
-`nodePath/<pv-name>`. Claims above the class's `maxSize` are infeasible."""
+`nodePath/<pv-name>`. Claims above the class's `maxSize` are infeasible.
+
+Optional capabilities (contract 0.2) are methods: this plugin has `validate_class`
+(the host checks a StorageClass with it before any claim of it fails). Define `expand`
+(grow a volume) or `get_capacity` (the backend's space) to have those too; build.sh
+exports exactly the capabilities the plugin defines and `describe` lists them."""
 
 import os
 import shutil
@@ -10,17 +15,33 @@ import wasm_provisioner_sdk as sdk
 ANN_GUEST_ROOT = "{{name}}/guest-root"
 
 
+def settings(parameters):
+    """The class's parameters, checked (raises sdk.ParamError): (nodePath, guestRoot,
+    maxSize)."""
+    params = sdk.Params(parameters)
+    params.reject_unknown(["nodePath", "guestRoot", "maxSize"])
+    return (params.absolute_path("nodePath", None, "the granted directory on the nodes"),
+            params.absolute_path("guestRoot", "/volumes", ""),
+            params.quantity("maxSize", "1Gi", ""))
+
+
 class Guest(sdk.Provisioner):
     def describe(self):
-        return sdk.PluginInfo(name="{{name}}", version="0.1.0", supports_block=False,
-                              data_source_kinds=[])
+        return sdk.PluginInfo(name="{{name}}", version="0.1.0")
+
+    # Capability `validate-class`: raise to refuse the class (the message goes to the admin).
+    def validate_class(self, cls):
+        settings(cls.parameters)
+
+    # Capability `expand`: uncomment to grow volumes (classes with allowVolumeExpansion).
+    # def expand(self, req):
+    #     _, _, max_size = settings(req.class_parameters)
+    #     if req.requested_bytes > max_size:
+    #         raise sdk.Infeasible(f"{{name}}: more than maxSize {sdk.format_bytes(max_size)}")
+    #     return req.requested_bytes   # the new size: a directory has no size of its own
 
     def provision(self, req):
-        params = sdk.Params(req.class_.parameters)
-        params.reject_unknown(["nodePath", "guestRoot", "maxSize"])
-        node_path = params.absolute_path("nodePath", None, "the granted directory on the nodes")
-        guest_root = params.absolute_path("guestRoot", "/volumes", "")
-        max_size = params.quantity("maxSize", "1Gi", "")
+        node_path, guest_root, max_size = settings(req.class_.parameters)
         if req.claim.requested_bytes > max_size:
             raise sdk.Infeasible(
                 f"{{name}}: the claim asks for {sdk.format_bytes(req.claim.requested_bytes)}, "
@@ -49,4 +70,4 @@ class Guest(sdk.Provisioner):
         sdk.info("deleted", volume=name, dir=path)
 
 
-WitWorld = sdk.export(Guest)
+sdk.export(Guest)

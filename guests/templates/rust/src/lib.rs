@@ -1,11 +1,45 @@
 //! {{name}}: a wasm-provisioner guest. One directory per volume, `guestRoot/<pv-name>`
 //! inside the directory the cluster admin granted this module, published as the hostPath
 //! `nodePath/<pv-name>`. Claims above the class's `maxSize` are infeasible.
+//!
+//! Optional capabilities (contract 0.2) are traits named in `export!`: this plugin has
+//! `validate_class` (the host checks a StorageClass with it before any claim of it
+//! fails). Implement `Expander` (grow a volume) or `CapacityReporter` (the backend's
+//! space) and name `expand` or `report_capacity` in `export!` to have those too; the SDK
+//! exports exactly the named capabilities and `describe` lists them.
 use wasm_provisioner_sdk::{self as sdk, log, prelude::*};
 
 struct Guest;
 
 const KNOWN: &[&str] = &["nodePath", "guestRoot", "maxSize"];
+
+/// The class's parameters, checked: (nodePath, guestRoot, maxSize in bytes).
+fn settings(params: &Params) -> Result<(String, String, u64), ParamError> {
+    params.reject_unknown(KNOWN)?;
+    let node_path = params.absolute_path("nodePath", None, "the granted directory on the nodes")?;
+    let guest_root = params.absolute_path("guestRoot", Some("/volumes"), "")?;
+    let max = params.bytes("maxSize")?.unwrap_or(1 << 30);
+    Ok((node_path, guest_root, max))
+}
+
+/// Capability `validate-class`: an error refuses the class (the message goes to the admin).
+impl ClassValidator for Guest {
+    fn validate_class(class: &Class) -> Result<(), String> {
+        settings(&Params::new(&class.parameters))?;
+        Ok(())
+    }
+}
+
+// Capability `expand`: uncomment, and name `expand` in `export!` below.
+// impl Expander for Guest {
+//     fn expand(req: &ExpandRequest) -> Result<u64, ExpandError> {
+//         let (_, _, max) = settings(&Params::new(&req.class_parameters))?;
+//         if req.requested_bytes > max {
+//             return Err(ExpandError::Infeasible(format!("more than maxSize {max}")));
+//         }
+//         Ok(req.requested_bytes) // the new size: a directory has no size of its own
+//     }
+// }
 
 impl Provisioner for Guest {
     fn describe() -> PluginInfo {
@@ -13,14 +47,7 @@ impl Provisioner for Guest {
     }
 
     fn provision(req: &ProvisionRequest) -> Result<Volume, ProvisionError> {
-        let params = Params::new(&req.class.parameters);
-        params.reject_unknown(KNOWN)?;
-        let node_path = params.absolute_path("nodePath", None, "the granted directory on the nodes")?;
-        let guest_root = params.absolute_path("guestRoot", Some("/volumes"), "")?;
-        let max: u64 = params
-            .get_or("maxSize", "1073741824")
-            .parse()
-            .map_err(|_| ProvisionError::Infeasible("`maxSize` must be a number of bytes".into()))?;
+        let (node_path, guest_root, max) = settings(&Params::new(&req.class.parameters))?;
         if req.claim.requested_bytes > max {
             return Err(ProvisionError::Infeasible(format!(
                 "{{name}}: the claim asks for {} bytes, more than maxSize {max}",
@@ -52,7 +79,7 @@ impl Provisioner for Guest {
     }
 }
 
-sdk::export!(Guest);
+sdk::export!(Guest, capabilities: [validate_class]);
 
 #[cfg(test)]
 mod tests {
@@ -70,5 +97,13 @@ mod tests {
     fn typos_are_infeasible() {
         let req = testing::provision_request(&[("nodepath", "/srv")]);
         assert!(matches!(Guest::provision(&req), Err(ProvisionError::Infeasible(_))));
+    }
+
+    #[test]
+    fn typos_are_refused_by_validate_class() {
+        let req = testing::provision_request(&[("nodepath", "/srv")]);
+        assert!(Guest::validate_class(&req.class).is_err());
+        let req = testing::provision_request(&[("nodePath", "/srv")]);
+        assert_eq!(Guest::validate_class(&req.class), Ok(()));
     }
 }

@@ -1,6 +1,7 @@
 //! Traps on purpose. `describe` works; the calls named in class parameter `calls`
-//! (comma-separated: should-provision, provision, should-delete, delete; default
-//! `provision`) panic, which traps. Calls that do not trap succeed.
+//! (comma-separated: should-provision, provision, should-delete, delete,
+//! validate-class; default `provision`) panic, which traps. Calls that do not trap
+//! succeed.
 use wasm_provisioner_sdk::{self as sdk, prelude::*};
 
 struct Trap;
@@ -38,4 +39,11 @@ impl Provisioner for Trap {
     }
 }
 
-sdk::export!(Trap);
+impl ClassValidator for Trap {
+    fn validate_class(class: &Class) -> Result<(), String> {
+        trap_if(&class.parameters, "validate-class");
+        Ok(())
+    }
+}
+
+sdk::export!(Trap, capabilities: [validate_class]);

@@ -78,7 +78,7 @@ fn in_domain(prefix: &str, domains: &[&str]) -> bool {
     })
 }
 
-fn is_dns_subdomain(text: &str) -> bool {
+pub(crate) fn is_dns_subdomain(text: &str) -> bool {
     text.split('.').all(|label| {
         !label.is_empty()
             && label.len() <= 63

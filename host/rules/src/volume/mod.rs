@@ -34,7 +34,7 @@ use crate::request::volume_mode_str;
 use crate::types;
 
 mod delete;
-mod metadata;
+pub(crate) mod metadata;
 mod source;
 
 pub use delete::{delete_request, unpublished_delete_request};
@@ -248,6 +248,13 @@ pub fn persistent_volume(
         .and_then(|p| p.get(names::PARAM_MODULE))
     {
         annotations.insert(names::ANN_MODULE.into(), module.clone());
+    }
+    if let Some(secret) = &req.secret {
+        // The reference, never the value: `delete` and `expand` read it again.
+        annotations.insert(
+            names::ANN_SECRET.into(),
+            format!("{}/{}", secret.namespace, secret.name),
+        );
     }
 
     let mut spec = source_spec(&name, volume.source)?;

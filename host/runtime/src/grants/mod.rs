@@ -19,6 +19,7 @@
 //!       - { host: /var/lib/wasm-provisioner/hostpath, guest: /volumes, mode: read-write }
 //!     http:
 //!       - { host: "storage-api.example.com:443", scheme: https }
+//!     secrets: ["${pvc.namespace}/storage-api-token"]
 //! ```
 
 pub mod directories;
@@ -113,6 +114,10 @@ pub struct ModuleGrants {
     pub http: Vec<HttpGrant>,
     /// The volume sources it may publish (nothing by default).
     pub volumes: VolumeGrants,
+    /// The Secrets it may receive, as `namespace/name` patterns (each part a name or a
+    /// template with `${pvc.namespace}`, `${pvc.name}`, `${pv.name}`); none by default.
+    /// A class names the Secret; this bounds which ones it can name.
+    pub secrets: Vec<String>,
 }
 
 /// The validated grants file.
@@ -245,6 +250,8 @@ struct ModuleFile {
     http: Vec<HttpFile>,
     #[serde(default)]
     volumes: VolumesFile,
+    #[serde(default)]
+    secrets: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -365,6 +372,11 @@ impl GrantsFile {
                 module
                     .volumes
                     .validate(&format!("{at}.volumes"), &directories, &mut problems);
+            for (i, pattern) in module.secrets.iter().enumerate() {
+                if let Err(why) = wasm_provisioner_rules::secret::check_pattern(pattern) {
+                    problems.push(format!("{at}.secrets[{i}] {pattern:?}: {why}"));
+                }
+            }
             modules.insert(
                 name,
                 ModuleGrants {
@@ -372,6 +384,7 @@ impl GrantsFile {
                     directories,
                     http,
                     volumes,
+                    secrets: module.secrets,
                 },
             );
         }
@@ -573,6 +586,28 @@ modules:
             crate::limits::DEFAULT_MEMORY_BYTES
         );
         assert!(unlisted.directories.is_empty() && unlisted.http.is_empty());
+    }
+
+    #[test]
+    fn secret_patterns_are_granted_per_module_and_checked() {
+        let grants = parse(
+            r#"
+modules:
+  api: { secrets: ["${pvc.namespace}/api-token", "storage/shared"] }
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            grants.for_module("api").secrets,
+            ["${pvc.namespace}/api-token", "storage/shared"]
+        );
+        assert!(grants.for_module("other").secrets.is_empty());
+        let message = problems("modules: { api: { secrets: [\"token\", \"${pvc.uid}/x\"] } }");
+        assert!(
+            message.contains("modules.api.secrets[0] \"token\""),
+            "{message}"
+        );
+        assert!(message.contains("unknown variable ${pvc.uid}"), "{message}");
     }
 
     #[test]

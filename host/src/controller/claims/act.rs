@@ -16,6 +16,7 @@ pub(super) async fn learn(attempt: &mut Attempt<'_>, step: &Step) -> Result<(), 
         Step::DropHold => lookup::drop_hold(attempt),
         Step::ResolveModule => lookup::module(attempt),
         Step::EnterShare => lookup::share(attempt),
+        Step::ValidateClass => lookup::verdict(attempt).await,
         Step::LookUpNode => lookup::node(attempt).await?,
         Step::AskShouldProvision { node_vanished } => {
             provision::ask_should_provision(attempt, node_vanished).await?
@@ -53,7 +54,8 @@ pub(super) async fn conclude(attempt: &mut Attempt<'_>, step: Step) -> Result<Ac
             warn,
             retry,
         } => finish::skip(attempt, reason, warn, retry).await,
-        Step::WaitForShare | Step::JournalBusy => {
+        Step::ClassRejected => Err(finish::class_rejected(attempt).await),
+        Step::WaitForShare | Step::JournalBusy | Step::ClassUnchecked => {
             Ok(Action::requeue(crate::controller::shares::RECHECK))
         }
         Step::Reschedule => Err(finish::reschedule(attempt).await?),

@@ -11,10 +11,11 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 
 use super::decision::{
-    Answer, JournalHold, Lookup, Module, Publishing, Recorded, Rules, Share, Snapshot,
+    Answer, ClassVerdict, JournalHold, Lookup, Module, Publishing, Recorded, Rules, Share, Snapshot,
 };
 use super::key::{key, volume_name_for};
 use crate::controller::calls::{InFlight, call_failure};
+use crate::controller::classes::{ClassChecks, Verdict};
 use crate::controller::shares::SharePermit;
 use crate::controller::{Context, journal, storm};
 use wasm_provisioner_rules::claim::ClaimView;
@@ -76,6 +77,10 @@ pub(super) struct Attempt<'c> {
     pub live_class: Lookup<Arc<StorageClass>>,
     pub published: bool,
     pub module: Lookup<Result<Arc<LoadedModule>, ModuleProblem>>,
+    /// The sha256 of the class's module in service when the reconcile started.
+    pub module_sha256: Option<String>,
+    /// The module's verdict on the class; `None`: it could not be asked now.
+    pub verdict: Lookup<Option<Verdict>>,
     pub share: Share,
     /// A worker of the module's share, held until its provision call returns.
     pub share_permit: Option<SharePermit<PersistentVolumeClaim>>,
@@ -110,6 +115,11 @@ impl<'c> Attempt<'c> {
         let view = ClaimView(&claim);
         let class_name = view.class_name();
         let cached_class = class_name.as_deref().and_then(|name| ctx.class(name));
+        let module_sha256 = cached_class
+            .as_deref()
+            .and_then(ClassChecks::module_name)
+            .and_then(|module| ctx.runtime.module(module))
+            .map(|module| module.sha256().to_string());
         let static_volume_may_bind = ctx.settings.provision_before_binder
             && view.provisioner().is_none()
             && class_name
@@ -134,6 +144,8 @@ impl<'c> Attempt<'c> {
             live_class: Lookup::NotLooked,
             published,
             module: Lookup::NotLooked,
+            module_sha256,
+            verdict: Lookup::NotLooked,
             share: Share::NotTried,
             share_permit: None,
             node: Lookup::NotLooked,
@@ -198,6 +210,13 @@ impl<'c> Attempt<'c> {
                 Ok(loaded) => Module::Loaded(loaded.info()),
                 Err(problem) if problem.is_loading() => Module::Loading,
                 Err(_) => Module::Unavailable,
+            }),
+            module_sha256: self.module_sha256.as_deref(),
+            verdict: self.verdict.as_ref().map(|verdict| match verdict {
+                Some(Verdict::Valid) => ClassVerdict::Valid,
+                Some(Verdict::Rejected(_)) => ClassVerdict::Rejected,
+                Some(Verdict::Failed(_)) => ClassVerdict::Failed,
+                None => ClassVerdict::NotNow,
             }),
             share: self.share,
             node: self.node.as_ref().map(drop),

@@ -9,8 +9,10 @@
 //! before the binder's announcement, the intent recorded before the module is called
 //! (journal, else finalizer) and kept or released after its answer, the module's share
 //! of the workers, publishing or discarding the answer, cleaning up after a claim
-//! deleted mid-flight, and the retry state (given up, held for a back-off, infeasible
-//! under a class version).
+//! deleted mid-flight, the class's verdict (a class its module's `validate-class`
+//! rejects fails its claims at once, without `provision`), and the retry state (given
+//! up, held for a back-off, infeasible under a class version, rejected under a class
+//! version and module version).
 //!
 //! A held claim waits while what the decision reads of it is unchanged: its
 //! [`fingerprint`] covers the claim's spec, labels and annotations but not the
@@ -31,7 +33,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use wasm_provisioner_rules::claim::ClaimView;
 use wasm_provisioner_rules::decide::{self, ProvisionDecision, SkipProvision};
 use wasm_provisioner_rules::names;
-use wasm_provisioner_rules::types::PluginInfo;
+use wasm_provisioner_rules::types::{Capability, PluginInfo};
 
 /// A fact the controller looks up only when the decision needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +90,22 @@ pub struct RetryRecord {
     pub held: Option<(u64, Instant)>,
     /// The last answer was infeasible, under this version of the class.
     pub infeasible_under: Option<String>,
+    /// The class was rejected (or could not be validated) under this version of the
+    /// class and this version (sha256) of its module.
+    pub rejected_under: Option<(String, String)>,
+}
+
+/// The class's module's verdict on the class (`validate-class`, asked once per class
+/// version and module version).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassVerdict {
+    Valid,
+    /// The module rejected the class.
+    Rejected,
+    /// The validation call failed (trapped, timed out): the class cannot be vouched for.
+    Failed,
+    /// The call could not start (the module busy, the pool full): asked again soon.
+    NotNow,
 }
 
 /// The class's module, as the runtime has it.
@@ -202,6 +220,11 @@ pub struct Snapshot<'a> {
     /// created it.
     pub published: bool,
     pub module: Lookup<Module<'a>>,
+    /// The sha256 of the version of the class's module in service when the reconcile
+    /// started (a claim rejected under another version is forgiven).
+    pub module_sha256: Option<&'a str>,
+    /// The module's verdict on the class, once asked (only of a module that validates).
+    pub verdict: Lookup<ClassVerdict>,
     pub share: Share,
     /// The selected node: in the cache, else read from the API.
     pub node: Lookup<()>,
@@ -244,6 +267,8 @@ pub enum Step {
     ResolveModule,
     /// Take one of the module's workers.
     EnterShare,
+    /// Get the module's verdict on the class (known, or asked once for all its claims).
+    ValidateClass,
     /// The selected node is not in the cache: read it from the API before it counts as
     /// gone (rescheduling is not undone).
     LookUpNode,
@@ -301,6 +326,12 @@ pub enum Step {
     },
     /// The module holds its whole share of the workers.
     WaitForShare,
+    /// The class's module rejects the class (or could not validate it): a Warning Event
+    /// with its message, a failed attempt, retried slowly (at once when the class or the
+    /// module's version changes); `provision` is not called.
+    ClassRejected,
+    /// The verdict could not be asked now (the module busy): retried soon, no Event.
+    ClassUnchecked,
     /// The selected node is gone and nothing is under way: a Warning Event, the
     /// selected-node annotations go so the scheduler picks again.
     Reschedule,
@@ -367,6 +398,7 @@ impl Step {
                 | Step::DropHold
                 | Step::ResolveModule
                 | Step::EnterShare
+                | Step::ValidateClass
                 | Step::LookUpNode
                 | Step::AskShouldProvision { .. }
                 | Step::BeginProvisioning
@@ -422,6 +454,7 @@ pub fn decide(s: &Snapshot) -> Step {
         .or_else(|| retries(s))
         .or_else(|| published(s))
         .or_else(|| rules(s))
+        .or_else(|| verdict(s))
         .or_else(|| node(s))
         .or_else(|| should_provision(s))
         .unwrap_or_else(|| provisioning(s))
@@ -521,6 +554,17 @@ fn retries(s: &Snapshot) -> Option<Step> {
     {
         return Some(Step::Forgive);
     }
+    if let (Some(class), Some((class_version, module_sha256))) = (class(s), &s.retry.rejected_under)
+        && (class
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default()
+            != class_version
+            || s.module_sha256 != Some(module_sha256.as_str()))
+    {
+        return Some(Step::Forgive);
+    }
     let (at, until) = s.retry.held?;
     if at == print && until > s.now {
         return Some(Step::WaitHeld(until - s.now));
@@ -566,6 +610,24 @@ fn rules(s: &Snapshot) -> Option<Step> {
         Share::NotTried => Some(Step::EnterShare),
         Share::Full => Some(Step::WaitForShare),
         Share::Entered => None,
+    }
+}
+
+/// The class's verdict, when its module validates classes: a class it rejects (or could
+/// not validate) fails the claim before anything else is asked. A provision under way
+/// (its intent recorded) goes on: the module is asked for the volume it started.
+fn verdict(s: &Snapshot) -> Option<Step> {
+    let Lookup::Found(Module::Loaded(info)) = s.module else {
+        return None;
+    };
+    if !info.capabilities.contains(&Capability::ValidateClass) || intent_recorded(s) {
+        return None;
+    }
+    match s.verdict {
+        Lookup::NotLooked => Some(Step::ValidateClass),
+        Lookup::Found(ClassVerdict::Valid) => None,
+        Lookup::Found(ClassVerdict::Rejected | ClassVerdict::Failed) => Some(Step::ClassRejected),
+        Lookup::Found(ClassVerdict::NotNow) | Lookup::Missing => Some(Step::ClassUnchecked),
     }
 }
 

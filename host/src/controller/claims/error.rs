@@ -10,6 +10,7 @@ use super::decision::fingerprint;
 use super::key::key;
 use crate::controller::journal::JournalError;
 use crate::controller::retry::Next;
+use crate::controller::secrets::SecretError;
 use crate::controller::{Context, shares};
 use crate::leader::NotLeader;
 use wasm_provisioner_rules::claim::ClaimView;
@@ -51,6 +52,13 @@ pub enum Error {
     },
     #[error(transparent)]
     Request(#[from] request::Error),
+    /// The class names a Secret the module cannot have (not granted, missing, unreadable).
+    #[error("claim {claim}: {source}")]
+    Secret {
+        claim: String,
+        #[source]
+        source: SecretError,
+    },
     #[error(transparent)]
     Volume(#[from] volume::Error),
     #[error("claim {claim}: {source}")]
@@ -72,6 +80,15 @@ pub enum Error {
         module: String,
         message: String,
         class_version: String,
+    },
+    /// The class's module rejects the class (or could not validate it), under these
+    /// versions of the class and the module.
+    #[error("claim {claim}: {message}")]
+    ClassRejected {
+        claim: String,
+        message: String,
+        class_version: String,
+        module_sha256: String,
     },
     /// The module's volume could not be published; it was deleted (`cleaned_up`), or
     /// deleting it failed too and the claim keeps the intent.
@@ -130,10 +147,12 @@ impl Error {
                 problem.metric_label()
             }
             Error::Request(error) => error.metric_label(),
+            Error::Secret { source, .. } => source.metric_label(),
             Error::Volume(error) => error.metric_label(),
             Error::Call { source, .. } => source.metric_label(),
             Error::Outcome { outcome, .. } => outcome,
             Error::Infeasible { .. } => "infeasible",
+            Error::ClassRejected { .. } => "class_rejected",
             Error::Unpublished {
                 cleaned_up: true, ..
             } => "unpublishable",
@@ -179,6 +198,17 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
     match error {
         Error::Infeasible { class_version, .. } => {
             let delay = ctx.claim_retries.infeasible(&key, class_version);
+            ctx.claim_retries.hold(&key, print, delay);
+            Action::requeue(delay)
+        }
+        Error::ClassRejected {
+            class_version,
+            module_sha256,
+            ..
+        } => {
+            let delay = ctx
+                .claim_retries
+                .rejected(&key, class_version, module_sha256);
             ctx.claim_retries.hold(&key, print, delay);
             Action::requeue(delay)
         }

@@ -8,8 +8,9 @@ use tracing::info;
 
 use super::attempt::{Attempt, ModuleProblem};
 use super::error::Error;
-use super::intent;
 use super::reschedule::remove_selected_node;
+use super::{intent, tell};
+use crate::controller::classes::{Verdict, failed_note, rejected_note};
 use wasm_provisioner_rules::claim::ClaimView;
 use wasm_provisioner_rules::names;
 
@@ -101,6 +102,38 @@ pub(super) async fn skip(
         });
     }
     Ok(Action::requeue(ctx.settings.resync_period))
+}
+
+/// The class's module rejects the class (or could not validate it): the claim fails at
+/// once with the module's message, without `provision`; retried slowly, and at once
+/// when the class or the module's version changes.
+pub(super) async fn class_rejected(attempt: &Attempt<'_>) -> Error {
+    let ctx = attempt.ctx;
+    let class = attempt.class().cloned().expect("a verdict is of a class");
+    let module = attempt
+        .loaded_module()
+        .cloned()
+        .expect("a verdict is of a module");
+    let why = match &attempt.verdict {
+        super::decision::Lookup::Found(Some(Verdict::Rejected(message))) => {
+            rejected_note(&module, message)
+        }
+        super::decision::Lookup::Found(Some(Verdict::Failed(error))) => failed_note(&module, error),
+        _ => String::new(),
+    };
+    tell::attempt_failed(
+        ctx,
+        attempt.claim(),
+        &class,
+        tell::failed_note(&class, &why),
+    )
+    .await;
+    Error::ClassRejected {
+        claim: attempt.claim_key(),
+        message: why,
+        class_version: class.resource_version().unwrap_or_default(),
+        module_sha256: module.sha256().to_string(),
+    }
 }
 
 /// The selected node is gone and nothing is under way: the scheduler picks again.

@@ -62,6 +62,18 @@ pub(super) fn module(attempt: &mut Attempt<'_>) {
     attempt.module = Lookup::Found(resolved);
 }
 
+/// The module's verdict on the class: known, or asked once for all its claims (the
+/// lookup that asks tells the class).
+pub(super) async fn verdict(attempt: &mut Attempt<'_>) {
+    let (Some(class), Some(module)) = (attempt.class().cloned(), attempt.loaded_module().cloned())
+    else {
+        attempt.verdict = Lookup::Missing;
+        return;
+    };
+    let verdict = attempt.ctx.class_checks.verdict(&class, &module).await;
+    attempt.verdict = Lookup::Found(verdict);
+}
+
 /// One worker of the module's share, held until its provision call returns; when the
 /// module holds all of its share, the claim waits in the module's own queue (no failed
 /// attempt, no Event) and this worker goes on with other claims.

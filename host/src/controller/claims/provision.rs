@@ -21,6 +21,7 @@ use super::tell;
 use crate::controller::Context;
 use crate::controller::calls::{InFlight, call, delete_outcome, fenced_provision, observe_call};
 use crate::controller::faults::Step;
+use crate::controller::secrets;
 use crate::leader::NotLeader;
 use wasm_provisioner_rules::claim::ClaimView;
 use wasm_provisioner_rules::decide;
@@ -52,12 +53,29 @@ pub(super) async fn ask_should_provision(
         }
         _ => attempt.node.as_ref().found().cloned(),
     };
-    let request = request::provision_request(
+    let mut request = request::provision_request(
         attempt.claim(),
         &class,
         node.as_deref().map(|n| &n.metadata),
     )?;
     let ctx = attempt.ctx;
+    let secret = secrets::for_claim(ctx, &module, &class, attempt.claim(), &request.volume_name);
+    request.secret = match secret.await {
+        Ok(secret) => secret,
+        Err(source) => {
+            ctx.events
+                .claim_warning(
+                    attempt.claim(),
+                    names::REASON_PROVISIONING_FAILED,
+                    source.to_string(),
+                )
+                .await;
+            return Err(Error::Secret {
+                claim: attempt.claim_key(),
+                source,
+            });
+        }
+    };
     let answer = call(
         ctx,
         &module,
@@ -219,7 +237,9 @@ pub(super) async fn discard(attempt: &mut Attempt<'_>, of: DiscardOf) -> Result<
                 .pv
                 .as_ref()
                 .expect("the decision discards a PV it checked");
-            attempt.delete_request = Some(volume::delete_request(pv, Some(&class))?);
+            let mut delete = volume::delete_request(pv, Some(&class))?;
+            delete.secret = attempt.request.as_ref().and_then(|r| r.secret.clone());
+            attempt.delete_request = Some(delete);
         }
     }
     let delete = attempt

@@ -13,6 +13,7 @@ use super::status;
 use crate::controller::calls::{InFlight, observe_call};
 use crate::controller::claims::decision::Lookup;
 use crate::controller::faults::Step as Fault;
+use crate::controller::secrets;
 use wasm_provisioner_rules::types::ExpandError;
 use wasm_provisioner_rules::{expand, names, quantity};
 use wasm_provisioner_runtime::{Call, CallError};
@@ -83,7 +84,25 @@ pub(super) async fn expand(attempt: &mut Attempt<'_>) -> Result<(), Error> {
             claim: attempt.claim_key(),
             source,
         })?;
-    let request = expand::expand_request(attempt.pv(), attempt.class.as_deref(), requested)?;
+    let mut request = expand::expand_request(attempt.pv(), attempt.class.as_deref(), requested)?;
+    request.secret = match secrets::for_volume(ctx, &module, attempt.pv()).await {
+        Ok(secret) => secret,
+        Err(source) => {
+            let message = format!("cannot hand module {} its Secret: {source}", module.name());
+            ctx.events
+                .expansion_warning(
+                    &attempt.claim,
+                    names::REASON_VOLUME_RESIZE_FAILED,
+                    message.clone(),
+                )
+                .await;
+            return Err(Error::Expand {
+                claim: attempt.claim_key(),
+                cause: source.metric_label(),
+                message,
+            });
+        }
+    };
     let in_flight = InFlight::start(ctx, "expand");
     let started = Instant::now();
     let answer = ctx

@@ -13,11 +13,12 @@ use tracing::{debug, info};
 use super::attempt::{Attempt, NoModule};
 use super::error::Error;
 use super::key::class_label;
-use super::{finalizer, told};
+use super::{finalizer, outcome, told};
 use crate::controller::calls::{InFlight, call, delete_outcome, observe_call};
 use crate::controller::claims::decision::{Lookup, Share};
 use crate::controller::faults::Step as Fault;
 use crate::controller::recent::VolumeStage;
+use crate::controller::secrets;
 use wasm_provisioner_rules::names;
 use wasm_provisioner_rules::volume;
 use wasm_provisioner_runtime::Call;
@@ -91,8 +92,15 @@ pub(super) async fn ask_should_delete(attempt: &mut Attempt<'_>) -> Result<(), E
         .loaded_module()
         .cloned()
         .expect("the decision asks only a resolved module");
-    let request =
+    let mut request =
         volume::delete_request(&attempt.pv, ctx.class(&class_label(&attempt.pv)).as_deref())?;
+    request.secret = match secrets::for_volume(ctx, &module, &attempt.pv).await {
+        Ok(secret) => secret,
+        Err(source) => {
+            let message = format!("cannot hand the module its Secret: {source}");
+            return Err(outcome::failed(attempt, source.metric_label(), message).await);
+        }
+    };
     let answer = call(
         ctx,
         &module,

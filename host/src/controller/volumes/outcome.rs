@@ -105,7 +105,6 @@ pub(super) fn ignored(attempt: &Attempt<'_>) -> Action {
 /// A failed delete attempt: counted, and told on the PV as VolumeFailedDelete. Why: no
 /// module, a call failed, or the module answered failed.
 pub(super) async fn delete_failed(attempt: &mut Attempt<'_>) -> Error {
-    let ctx = attempt.ctx;
     let (cause, message) = match (&attempt.deleted, &attempt.should_delete) {
         (Some(Ok(Err(DeleteError::Failed(message)))), _) => ("failed", message.clone()),
         (Some(Err(error)), _) | (None, Some(Err(error))) => {
@@ -113,6 +112,13 @@ pub(super) async fn delete_failed(attempt: &mut Attempt<'_>) -> Error {
         }
         _ => ("no_module", no_module_message(attempt)),
     };
+    failed(attempt, cause, message).await
+}
+
+/// A delete attempt that failed for `cause` (a metric label): counted, and told on the
+/// PV as VolumeFailedDelete with `message`.
+pub(super) async fn failed(attempt: &Attempt<'_>, cause: &'static str, message: String) -> Error {
+    let ctx = attempt.ctx;
     let class = class_label(&attempt.pv);
     ctx.metrics
         .delete_failed_total

@@ -11,6 +11,8 @@ use super::*;
 
 const US: &str = "p.example.com";
 const UID: &str = "0b6e3d4e-1111-4c3a-9d7e-000000000001";
+/// The sha256 of the module version in service.
+const SHA: &str = "5e5e";
 
 /// A snapshot's owned parts, and its facts.
 struct Case {
@@ -19,6 +21,8 @@ struct Case {
     live_class: Lookup<StorageClass>,
     info: PluginInfo,
     module: Lookup<ModuleKind>,
+    module_sha256: Option<String>,
+    verdict: Lookup<ClassVerdict>,
     gone: bool,
     provision_before_binder: bool,
     now: Instant,
@@ -84,6 +88,8 @@ impl Case {
                 capabilities: vec![],
             },
             module: Lookup::NotLooked,
+            module_sha256: Some(SHA.into()),
+            verdict: Lookup::NotLooked,
             gone: false,
             provision_before_binder: true,
             now: Instant::now(),
@@ -123,6 +129,8 @@ impl Case {
                 ModuleKind::Loading => Module::Loading,
                 ModuleKind::Unavailable => Module::Unavailable,
             }),
+            module_sha256: self.module_sha256.as_deref(),
+            verdict: self.verdict,
             share: self.share,
             node: self.node,
             should_provision: self.should_provision,
@@ -186,6 +194,19 @@ impl Case {
     fn admitted(&mut self) {
         self.module = Lookup::Found(ModuleKind::Loaded);
         self.share = Share::Entered;
+    }
+
+    /// A module that validates classes (contract 0.2's `validate-class`), admitted.
+    fn validating(&mut self) {
+        self.info.capabilities = vec![Capability::ValidateClass];
+        self.admitted();
+    }
+
+    /// Rejected under class version 7 and module version [`SHA`], held the slow
+    /// interval.
+    fn held_rejected(&mut self) {
+        self.retry.rejected_under = Some(("7".into(), SHA.into()));
+        self.hold();
     }
 
     /// Asked `should-provision`: yes.
@@ -563,6 +584,112 @@ fn rows() -> Vec<Row> {
                 c.share = Share::Full;
             },
             Step::WaitForShare,
+        ),
+        // The class's verdict (a module with validate-class).
+        (
+            "a module that validates classes: its verdict is looked up, once a worker is held",
+            |c| c.validating(),
+            Step::ValidateClass,
+        ),
+        (
+            "a module without validate-class (a 0.1 module): no verdict, on to the node",
+            |c| {
+                c.admitted();
+                c.annotate(names::ANN_SELECTED_NODE, "n1");
+            },
+            Step::LookUpNode,
+        ),
+        (
+            "a class the module accepts: on to the node",
+            |c| {
+                c.validating();
+                c.verdict = Lookup::Found(ClassVerdict::Valid);
+                c.annotate(names::ANN_SELECTED_NODE, "n1");
+            },
+            Step::LookUpNode,
+        ),
+        (
+            "a class the module accepts: on to should-provision",
+            |c| {
+                c.validating();
+                c.verdict = Lookup::Found(ClassVerdict::Valid);
+            },
+            Step::AskShouldProvision {
+                node_vanished: false,
+            },
+        ),
+        (
+            "a class the module rejects: the claim fails at once, provision is not called",
+            |c| {
+                c.validating();
+                c.verdict = Lookup::Found(ClassVerdict::Rejected);
+            },
+            Step::ClassRejected,
+        ),
+        (
+            "a class the module could not validate (trap, timeout): the claim fails at once",
+            |c| {
+                c.validating();
+                c.verdict = Lookup::Found(ClassVerdict::Failed);
+            },
+            Step::ClassRejected,
+        ),
+        (
+            "a rejected class is told before its claim's selected node is looked up",
+            |c| {
+                c.validating();
+                c.annotate(names::ANN_SELECTED_NODE, "n1");
+                c.verdict = Lookup::Found(ClassVerdict::Rejected);
+            },
+            Step::ClassRejected,
+        ),
+        (
+            "a verdict that could not be asked now (the module busy): retried soon",
+            |c| {
+                c.validating();
+                c.verdict = Lookup::Found(ClassVerdict::NotNow);
+            },
+            Step::ClassUnchecked,
+        ),
+        (
+            "a rejected class with a provision under way (intent recorded): the module is asked",
+            |c| {
+                c.validating();
+                c.finalize();
+                c.verdict = Lookup::Found(ClassVerdict::Rejected);
+            },
+            Step::AskShouldProvision {
+                node_vanished: false,
+            },
+        ),
+        (
+            "rejected under this class version and module version: waits the slow interval",
+            |c| c.held_rejected(),
+            Step::WaitHeld(Duration::from_secs(60)),
+        ),
+        (
+            "rejected, then the class changed (recreated): forgiven at once",
+            |c| {
+                c.held_rejected();
+                c.cached_class.as_mut().unwrap().metadata.resource_version = Some("8".into());
+            },
+            Step::Forgive,
+        ),
+        (
+            "rejected, then a new module version is in service: forgiven at once",
+            |c| {
+                c.held_rejected();
+                c.module_sha256 = Some("6f6f".into());
+            },
+            Step::Forgive,
+        ),
+        (
+            "rejected, then the module left service: forgiven (and told it is missing)",
+            |c| {
+                c.held_rejected();
+                c.module_sha256 = None;
+            },
+            Step::Forgive,
         ),
         (
             "a selected node not looked up yet",
@@ -988,6 +1115,7 @@ fn the_decision_table() {
 fn the_steps_that_learn_are_followed_by_another_decision() {
     for step in [
         Step::LookUpClass,
+        Step::ValidateClass,
         Step::Provision,
         Step::Discard(DiscardOf::Volume),
     ] {
@@ -996,6 +1124,8 @@ fn the_steps_that_learn_are_followed_by_another_decision() {
     for step in [
         Step::LeaveAlone,
         Step::WaitHeld(Duration::ZERO),
+        Step::ClassRejected,
+        Step::ClassUnchecked,
         Step::Published,
     ] {
         assert!(!step.learns(), "{step:?}");
