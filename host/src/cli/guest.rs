@@ -168,19 +168,8 @@ pub enum GuestCliError {
 pub async fn provision(args: &GuestProvisionArgs) -> Result<String, GuestCliError> {
     let class: StorageClass = read_object("StorageClass", &args.class)?;
     let claim: PersistentVolumeClaim = read_object("PersistentVolumeClaim", &args.claim)?;
-    let node: Option<Node> = args
-        .node
-        .as_deref()
-        .map(|path| read_object("Node", path))
-        .transpose()?;
-    let parameters = class.parameters.clone().unwrap_or_default();
-    let module_name = choose_module(
-        args.module.as_deref(),
-        parameters.get(names::PARAM_MODULE).map(String::as_str),
-        None,
-    )?;
-    let pinned = wasm_provisioner_runtime::class_pin(&module_name, Some(&parameters))?;
-    let module = load(&args.plugins, &module_name, pinned).await?;
+    let node: Option<Node> = read_optional("Node", args.node.as_deref())?;
+    let module = class_module(&args.plugins, &class, args.module.as_deref()).await?;
 
     let request = request::provision_request(&claim, &class, node.as_ref().map(|n| &n.metadata))?;
     if !module.should_provision(&request).await? {
@@ -251,9 +240,7 @@ fn volume_class_and_module(
     module: Option<&str>,
 ) -> Result<(PersistentVolume, Option<StorageClass>, String), GuestCliError> {
     let pv: PersistentVolume = read_object("PersistentVolume", volume)?;
-    let class: Option<StorageClass> = class
-        .map(|path| read_object("StorageClass", path))
-        .transpose()?;
+    let class: Option<StorageClass> = read_optional("StorageClass", class)?;
     let parameters = class
         .as_ref()
         .and_then(|c| c.parameters.as_ref())
@@ -317,14 +304,7 @@ pub async fn delete(args: &GuestDeleteArgs) -> Result<DeleteOutcome, GuestCliErr
 /// Runs `guest validate`; returns a one-line summary when the module accepts the class.
 pub async fn validate(args: &GuestValidateArgs) -> Result<String, GuestCliError> {
     let class: StorageClass = read_object("StorageClass", &args.class)?;
-    let parameters = class.parameters.clone().unwrap_or_default();
-    let module_name = choose_module(
-        args.module.as_deref(),
-        parameters.get(names::PARAM_MODULE).map(String::as_str),
-        None,
-    )?;
-    let pinned = wasm_provisioner_runtime::class_pin(&module_name, Some(&parameters))?;
-    let module = load(&args.plugins, &module_name, pinned).await?;
+    let module = class_module(&args.plugins, &class, args.module.as_deref()).await?;
     require(&module, Capability::ValidateClass)?;
     let plugin_class = request::plugin_class(&class)?;
     match module.validate_class(&plugin_class).await? {
@@ -346,19 +326,8 @@ pub async fn validate(args: &GuestValidateArgs) -> Result<String, GuestCliError>
 /// Runs `guest capacity`; returns the backend's capacity as YAML.
 pub async fn capacity(args: &GuestCapacityArgs) -> Result<String, GuestCliError> {
     let class: StorageClass = read_object("StorageClass", &args.class)?;
-    let node: Option<Node> = args
-        .node
-        .as_deref()
-        .map(|path| read_object("Node", path))
-        .transpose()?;
-    let parameters = class.parameters.clone().unwrap_or_default();
-    let module_name = choose_module(
-        args.module.as_deref(),
-        parameters.get(names::PARAM_MODULE).map(String::as_str),
-        None,
-    )?;
-    let pinned = wasm_provisioner_runtime::class_pin(&module_name, Some(&parameters))?;
-    let module = load(&args.plugins, &module_name, pinned).await?;
+    let node: Option<Node> = read_optional("Node", args.node.as_deref())?;
+    let module = class_module(&args.plugins, &class, args.module.as_deref()).await?;
     require(&module, Capability::ReportCapacity)?;
     let node = node.map(|n| wasm_provisioner_rules::types::Node {
         name: n.metadata.name.clone().unwrap_or_default(),
@@ -495,6 +464,31 @@ fn choose_module(
 }
 
 /// Loads one module from the modules directory, as the controller would.
+/// The module a class's call goes to (`--module`, else the class's `module`), loaded
+/// as the class pins it.
+async fn class_module(
+    plugins: &PluginArgs,
+    class: &StorageClass,
+    module: Option<&str>,
+) -> Result<std::sync::Arc<LoadedModule>, GuestCliError> {
+    let parameters = class.parameters.clone().unwrap_or_default();
+    let module_name = choose_module(
+        module,
+        parameters.get(names::PARAM_MODULE).map(String::as_str),
+        None,
+    )?;
+    let pinned = wasm_provisioner_runtime::class_pin(&module_name, Some(&parameters))?;
+    load(plugins, &module_name, pinned).await
+}
+
+/// An optional YAML file of one `kind`.
+fn read_optional<T: DeserializeOwned>(
+    kind: &'static str,
+    path: Option<&Path>,
+) -> Result<Option<T>, GuestCliError> {
+    path.map(|path| read_object(kind, path)).transpose()
+}
+
 async fn load(
     plugins: &PluginArgs,
     name: &str,

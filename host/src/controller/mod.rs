@@ -199,23 +199,57 @@ async fn run_controller<K, F, E>(
         .await;
 }
 
-/// Past its failure threshold a claim (volume) is retried once every resync period; the
-/// first time, it is told: `given_up` counts it for `queue`, and a Warning Event with
-/// `reason` and `note` goes on `object`, off the worker's path.
-fn give_up(
-    ctx: Arc<Context>,
-    queue: &'static str,
-    object: k8s_openapi::api::core::v1::ObjectReference,
-    first: bool,
-    reason: &'static str,
-    note: String,
+/// One failed attempt, as the error policies hand it to [`retry_failed`].
+pub(crate) struct Failure<'a> {
+    /// The queue, for `given_up`: claims, volumes, expansions.
+    pub queue: &'static str,
+    pub key: &'a str,
+    /// What the decision reads of the object; the object is held for the delay under it
+    /// (`hold`), so an update that changes nothing the decision reads does not bring it
+    /// back early.
+    pub fingerprint: u64,
+    pub hold: bool,
+    pub object: k8s_openapi::api::core::v1::ObjectReference,
+    /// The reason of the Warning Event that tells it was given up on.
+    pub reason: &'static str,
+}
+
+/// A failed attempt is retried after the back-off of `retries`; past its failure
+/// threshold, once every resync period, and the first time it is told: `given_up`
+/// counts it for its queue, and a Warning Event with its reason and
+/// `note(failures, resync period)` goes on the object, off the worker's path.
+pub(crate) fn retry_failed(
+    ctx: &Arc<Context>,
+    retries: &Retries,
+    failure: Failure<'_>,
+    note: impl FnOnce(u32, &str) -> String,
 ) -> kube::runtime::controller::Action {
-    let resync = ctx.settings.resync_period;
-    if first {
-        ctx.metrics.given_up.with_label_values(&[queue]).inc();
-        tokio::spawn(async move { ctx.events.gave_up(object, reason, note).await });
+    use kube::runtime::controller::Action;
+    let (key, print) = (failure.key, failure.fingerprint);
+    match retries.failed(key, print) {
+        retry::Next::RetryAfter(delay) => {
+            if failure.hold {
+                retries.hold(key, print, delay);
+            }
+            Action::requeue(delay)
+        }
+        retry::Next::GiveUp { failures, first } => {
+            let resync = ctx.settings.resync_period;
+            if failure.hold {
+                retries.hold(key, print, resync);
+            }
+            if first {
+                ctx.metrics
+                    .given_up
+                    .with_label_values(&[failure.queue])
+                    .inc();
+                let note = note(failures, &humantime::format_duration(resync).to_string());
+                let (ctx, object, reason) = (ctx.clone(), failure.object, failure.reason);
+                tokio::spawn(async move { ctx.events.gave_up(object, reason, note).await });
+            }
+            Action::requeue(resync)
+        }
     }
-    kube::runtime::controller::Action::requeue(resync)
 }
 
 /// How often the journal's intents whose claims are gone are cleaned up

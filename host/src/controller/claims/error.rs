@@ -8,8 +8,8 @@ use tracing::{debug, warn};
 
 use super::decision::fingerprint;
 use super::key::key;
+use crate::controller::Failure;
 use crate::controller::journal::JournalError;
-use crate::controller::retry::Next;
 use crate::controller::secrets::SecretError;
 use crate::controller::{Context, shares};
 use crate::leader::NotLeader;
@@ -215,27 +215,22 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
         Error::Cleanup { .. } => Action::requeue(ctx.claim_retries.failed_forever(&key)),
         // Not a failure of the claim: this process is stopping.
         Error::NotLeader(_) => Action::requeue(NOT_LEADER_REQUEUE),
-        _ => match ctx.claim_retries.failed(&key, print) {
-            Next::RetryAfter(delay) => {
-                ctx.claim_retries.hold(&key, print, delay);
-                Action::requeue(delay)
-            }
-            Next::GiveUp { failures, first } => {
-                let resync = ctx.settings.resync_period;
-                ctx.claim_retries.hold(&key, print, resync);
-                let note = format!(
-                    "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {} (--resync-period), or at once when the claim is edited",
-                    humantime::format_duration(resync)
-                );
-                crate::controller::give_up(
-                    ctx,
-                    "claims",
-                    kube::Resource::object_ref(claim.as_ref(), &()),
-                    first,
-                    names::REASON_PROVISIONING_FAILED,
-                    note,
+        _ => crate::controller::retry_failed(
+            &ctx,
+            &ctx.claim_retries,
+            Failure {
+                queue: "claims",
+                key: &key,
+                fingerprint: print,
+                hold: true,
+                object: kube::Resource::object_ref(claim.as_ref(), &()),
+                reason: names::REASON_PROVISIONING_FAILED,
+            },
+            |failures, resync| {
+                format!(
+                    "gave up after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {resync} (--resync-period), or at once when the claim is edited"
                 )
-            }
-        },
+            },
+        ),
     }
 }

@@ -8,7 +8,7 @@ use tracing::warn;
 
 use super::decision::fingerprint;
 use crate::controller::Context;
-use crate::controller::retry::Next;
+use crate::controller::Failure;
 use crate::leader::NotLeader;
 use wasm_provisioner_rules::claim::ClaimView;
 use wasm_provisioner_rules::{names, quantity, volume};
@@ -113,27 +113,22 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &Error, ctx: Arc<C
         }
         // Not a failure of the expansion: this process is stopping.
         Error::NotLeader(_) => Action::requeue(crate::controller::claims::NOT_LEADER_REQUEUE),
-        _ => match retries.failed(&key, print) {
-            Next::RetryAfter(delay) => {
-                retries.hold(&key, print, delay);
-                Action::requeue(delay)
-            }
-            Next::GiveUp { failures, first } => {
-                let resync = ctx.settings.resync_period;
-                retries.hold(&key, print, resync);
-                let note = format!(
-                    "gave up expanding after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {} (--resync-period), or at once when the claim asks for another size",
-                    humantime::format_duration(resync)
-                );
-                crate::controller::give_up(
-                    ctx,
-                    "expansions",
-                    kube::Resource::object_ref(claim.as_ref(), &()),
-                    first,
-                    names::REASON_VOLUME_RESIZE_FAILED,
-                    note,
+        _ => crate::controller::retry_failed(
+            &ctx,
+            retries,
+            Failure {
+                queue: "expansions",
+                key: &key,
+                fingerprint: print,
+                hold: true,
+                object: kube::Resource::object_ref(claim.as_ref(), &()),
+                reason: names::REASON_VOLUME_RESIZE_FAILED,
+            },
+            |failures, resync| {
+                format!(
+                    "gave up expanding after {failures} failed attempts (--failed-provision-threshold); last error: {error}. Retried once every {resync} (--resync-period), or at once when the claim asks for another size"
                 )
-            }
-        },
+            },
+        ),
     }
 }

@@ -9,7 +9,7 @@ use tracing::warn;
 
 use super::key::key;
 use crate::controller::Context;
-use crate::controller::retry::Next;
+use crate::controller::Failure;
 use crate::leader::NotLeader;
 use wasm_provisioner_rules::{names, volume};
 
@@ -75,21 +75,21 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &Error, ctx: Arc<Context>)
     if let Error::NotLeader(_) = error {
         return Action::requeue(crate::controller::claims::NOT_LEADER_REQUEUE);
     }
-    match ctx.volume_retries.failed(&key(&pv), 0) {
-        Next::RetryAfter(delay) => Action::requeue(delay),
-        Next::GiveUp { failures, first } => {
-            let note = format!(
-                "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept and its deletion retried once every {} (--resync-period); fix the cause, or delete the backend volume manually",
-                humantime::format_duration(ctx.settings.resync_period)
-            );
-            crate::controller::give_up(
-                ctx,
-                "volumes",
-                kube::Resource::object_ref(pv.as_ref(), &()),
-                first,
-                names::REASON_VOLUME_FAILED_DELETE,
-                note,
+    crate::controller::retry_failed(
+        &ctx,
+        &ctx.volume_retries,
+        Failure {
+            queue: "volumes",
+            key: &key(&pv),
+            fingerprint: 0,
+            hold: false,
+            object: kube::Resource::object_ref(pv.as_ref(), &()),
+            reason: names::REASON_VOLUME_FAILED_DELETE,
+        },
+        |failures, resync| {
+            format!(
+                "gave up after {failures} failed attempts (--failed-delete-threshold); last error: {error}. The volume is kept and its deletion retried once every {resync} (--resync-period); fix the cause, or delete the backend volume manually"
             )
-        }
-    }
+        },
+    )
 }
