@@ -678,11 +678,11 @@ fn guest_expand_grows_a_provisioned_volume_and_refuses_beyond_max_size() {
     assert!(text(&output.stderr).contains("--size \"lots\" is not a size"));
 }
 
-/// A module without the capability (the 0.1 hostpath build has none; the echo guest is
-/// 0.2 without any) is refused before any call, naming the module and the capability.
+/// A module without the capability (the 0.1 hostpath build has none; the minimal example
+/// is 0.2 without any) is refused before any call, naming the module and the capability.
 #[test]
 fn a_capability_the_module_lacks_is_a_clear_error() {
-    let scratch = Scratch::new(&["test-echo"]);
+    let scratch = Scratch::new(&["minimal"]);
     std::fs::copy(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/fixtures/hostpath-0.1.0.wasm"),
         scratch.path("modules/hostpath-old.wasm"),
@@ -705,7 +705,7 @@ fn a_capability_the_module_lacks_is_a_clear_error() {
              spec:\n  capacity: {{ storage: 1Gi }}\n  hostPath: {{ path: /x/{VOLUME_NAME} }}\n"
         ),
     );
-    for (module, contract) in [("hostpath-old", "0.1.0"), ("test-echo", "0.2.0")] {
+    for (module, contract) in [("hostpath-old", "0.1.0"), ("minimal", "0.2.0")] {
         let class = class(module);
         let class = class.to_str().unwrap();
         for (command, args, capability, interface) in [
