@@ -183,6 +183,8 @@ pub struct PodSpec<'a> {
     /// Everything of the pod lives under here.
     pub dir: &'a Path,
     pub pod_name: &'a str,
+    /// The node the pod is bound to (`spec.nodeName`).
+    pub node_name: &'a str,
     /// Subdirectories the admin made in each hostPath directory, as docs/install.md's
     /// install steps say (owned by the pod's user, mode 0750).
     pub host_path_subdirs: &'a [&'a str],
@@ -351,8 +353,9 @@ impl Pod {
                 match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                     Some("metadata.namespace") => namespace.clone(),
                     Some("metadata.name") => spec.pod_name.to_string(),
+                    Some("spec.nodeName") => spec.node_name.to_string(),
                     _ => bail!(
-                        "env {name}: only values and the pod's name and namespace are emulated"
+                        "env {name}: only values and the pod's name, namespace and node are emulated"
                     ),
                 }
             };

@@ -686,6 +686,8 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
             token: &token,
             dir: &pod_dir,
             pod_name: &format!("{release}-0"),
+            // The node the claims select (made before the host starts, see `exercise`).
+            node_name: &format!("node-{}", ctx.namespace),
             // docs/install.md, "Install into a cluster": the data directory and the granted
             // directories in it (nfs stands in for the mounted NFS export).
             host_path_subdirs: &["hostpath", "nfs"],

@@ -216,3 +216,68 @@ async fn the_scheduler_places_a_claim_only_where_capacity_is_published() {
     })
     .await;
 }
+
+/// A host that knows its node (`--node-name`, as the manifests set it) in Deployment
+/// mode: hostpath makes the volume of a pod scheduled onto that node, and refuses,
+/// saying why, the volume of a pod scheduled onto another node, whose directory it would
+/// make on the wrong machine.
+#[tokio::test]
+async fn hostpath_refuses_a_volume_for_another_node_than_its_own() {
+    scenario("other-node", async |fx| {
+        let prefix = format!("other-{}", fx.ctx.namespace);
+        let nodes: Vec<String> = (0..2).map(|i| format!("{prefix}-{i}")).collect();
+        for node in &nodes {
+            fx.schedulable_node(node).await?;
+        }
+        let result = async {
+            default_service_account(fx).await?;
+            fx.install_module("hostpath", "hostpath");
+            let host = fx.host(&[&format!("--node-name={}", nodes[0])]);
+            let class = fx
+                .class(
+                    "hostpath",
+                    &[("nodePath", "/srv/volumes"), ("pvType", "local")],
+                    json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+                )
+                .await?;
+            let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+            for (i, node) in nodes.iter().enumerate() {
+                let claim = format!("data-{i}");
+                fx.claim(&claim, &class, "1Mi", json!({})).await?;
+                let mut pod = pod(fx, &format!("app-{i}"), &claim)?;
+                if let Some(selector) = pod.spec.as_mut().and_then(|s| s.node_selector.as_mut()) {
+                    selector.insert("kubernetes.io/hostname".into(), node.clone());
+                }
+                pods.create(&PostParams::default(), &pod).await?;
+            }
+            // Its own node: made and bound.
+            fx.wait_bound("data-0")
+                .await
+                .with_context(|| host.log_tail())?;
+            // Another node: refused, with the reason, and never bound.
+            let note = fx
+                .wait_claim_event("data-1", "ProvisioningFailed")
+                .await
+                .with_context(|| host.log_tail())?;
+            ensure!(
+                note.contains(&format!("for node {}", nodes[1]))
+                    && note.contains(&format!("runs on node {}", nodes[0])),
+                "the refusal does not say why: {note}"
+            );
+            let claim = fx.claims().get("data-1").await?;
+            let phase = claim.status.and_then(|s| s.phase).unwrap_or_default();
+            ensure!(phase == "Pending", "claim data-1 is {phase}");
+            let leftover = fx.module_data("hostpath");
+            let made: Vec<String> = std::fs::read_dir(&leftover)?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            ensure!(made.len() == 1, "directories made: {made:?}");
+            anyhow::Ok(())
+        }
+        .await;
+        fx.delete_nodes(&prefix, 2).await;
+        result
+    })
+    .await;
+}

@@ -128,6 +128,16 @@ pub fn plan(req: &ProvisionRequest) -> Result<Plan, ProvisionError> {
                 .into(),
         ));
     }
+    // The directory is made where this call runs: never publish it for another node.
+    if let (Some(here), Some(node)) = (req.context.node.as_deref(), node)
+        && here != node
+    {
+        return Err(ProvisionError::Infeasible(format!(
+            "the volume is for node {node}, but hostpath runs on node {here} and would make \
+             its directory there: run the host on every node (node-local mode), or pin the \
+             class to node {here} (parameter `node`)"
+        )));
+    }
 
     let node_dir = path::join(&node_path, name);
     let source = if pv_type == "local" {

@@ -89,6 +89,25 @@ fn node_affinity_from_parameter_or_selected_node() {
 }
 
 #[test]
+fn a_volume_for_another_node_than_the_one_it_runs_on_is_refused() {
+    let root = Root::new();
+    let mut req = provision_request(&[("guestRoot", root.s()), ("nodePath", "/n")]);
+    req.selected_node = Some(node("worker-1"));
+    req.context.node = Some("worker-2".into());
+    let m = infeasible(HostPath::provision(&req));
+    assert!(
+        m.contains("for node worker-1") && m.contains("runs on node worker-2"),
+        "{m}"
+    );
+    assert!(!root.has(&pv()), "a directory was made on the wrong node");
+    // The same node, or a host that does not know its node: made as before.
+    req.context.node = Some("worker-1".into());
+    assert!(HostPath::provision(&req).is_ok());
+    req.context.node = None;
+    assert!(HostPath::provision(&req).is_ok());
+}
+
+#[test]
 fn local_needs_a_node() {
     let req = provision_request(&[("nodePath", "/n"), ("pvType", "local")]);
     let m = infeasible(HostPath::provision(&req));

@@ -385,6 +385,13 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_CAPACITY_POLL_INTERVAL", default_value = DEFAULT_CAPACITY_POLL_INTERVAL, value_parser = humantime::parse_duration)]
     pub capacity_poll_interval: Duration,
 
+    /// The node this host runs on (the manifests set it from the downward API's
+    /// `spec.nodeName`). Guests get it as their call's node (`call-context.node`), so a
+    /// guest that makes volumes on its own node (hostpath) refuses a volume for another
+    /// node instead of making it on the wrong machine. Unset: guests are told no node.
+    #[arg(long, env = "WASM_PROVISIONER_NODE_NAME")]
+    pub node_name: Option<String>,
+
     /// Average Kubernetes API requests per second of this process.
     #[arg(long, env = "WASM_PROVISIONER_KUBE_API_QPS", default_value_t = DEFAULT_KUBE_API_QPS)]
     pub kube_api_qps: u32,
@@ -463,6 +470,7 @@ impl ControllerArgs {
             volume_protection_finalizer: self.volume_protection_finalizer,
             provision_before_binder: self.provision_before_binder,
             event_max_delay: self.event_max_delay,
+            node_name: self.node_name.clone().filter(|name| !name.is_empty()),
             // A zero interval would poll in a busy loop.
             capacity_poll_interval: self
                 .capacity_poll_interval

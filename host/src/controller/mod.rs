@@ -87,6 +87,17 @@ pub struct Settings {
     /// How often the leader asks each class's module for its backend's capacity
     /// ([`classes::capacity`]).
     pub capacity_poll_interval: Duration,
+    /// The node this host runs on (`--node-name`), told to guests as their calls' node.
+    pub node_name: Option<String>,
+}
+
+impl Settings {
+    /// Where this host's guest calls run.
+    pub fn call_context(&self) -> wasm_provisioner_rules::types::CallContext {
+        wasm_provisioner_rules::types::CallContext {
+            node: self.node_name.clone(),
+        }
+    }
 }
 
 /// Everything a reconcile needs.

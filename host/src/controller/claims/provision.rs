@@ -59,6 +59,7 @@ pub(super) async fn ask_should_provision(
         node.as_deref().map(|n| &n.metadata),
     )?;
     let ctx = attempt.ctx;
+    request.context = ctx.settings.call_context();
     let secret = secrets::for_claim(ctx, &module, &class, attempt.claim(), &request.volume_name);
     request.secret = match secret.await {
         Ok(secret) => secret,
@@ -239,6 +240,7 @@ pub(super) async fn discard(attempt: &mut Attempt<'_>, of: DiscardOf) -> Result<
                 .expect("the decision discards a PV it checked");
             let mut delete = volume::delete_request(pv, Some(&class))?;
             delete.secret = attempt.request.as_ref().and_then(|r| r.secret.clone());
+            delete.context = ctx.settings.call_context();
             attempt.delete_request = Some(delete);
         }
     }

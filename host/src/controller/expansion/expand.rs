@@ -85,6 +85,7 @@ pub(super) async fn expand(attempt: &mut Attempt<'_>) -> Result<(), Error> {
             source,
         })?;
     let mut request = expand::expand_request(attempt.pv(), attempt.class.as_deref(), requested)?;
+    request.context = ctx.settings.call_context();
     request.secret = match secrets::for_volume(ctx, &module, attempt.pv()).await {
         Ok(secret) => secret,
         Err(source) => {

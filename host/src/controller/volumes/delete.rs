@@ -94,6 +94,7 @@ pub(super) async fn ask_should_delete(attempt: &mut Attempt<'_>) -> Result<(), E
         .expect("the decision asks only a resolved module");
     let mut request =
         volume::delete_request(&attempt.pv, ctx.class(&class_label(&attempt.pv)).as_deref())?;
+    request.context = ctx.settings.call_context();
     request.secret = match secrets::for_volume(ctx, &module, &attempt.pv).await {
         Ok(secret) => secret,
         Err(source) => {
