@@ -11,4 +11,5 @@ pub mod client;
 pub mod controller;
 pub mod leader;
 pub mod metrics;
+pub mod nodes;
 pub mod server;

@@ -263,6 +263,9 @@ pub struct Metrics {
     /// Guest calls by module, call and outcome.
     pub guest_call_duration: HistogramVec,
     pub guest_call_failures: IntCounterVec,
+    /// Node-local mode: guest calls the leader sent to another node's instance, by
+    /// outcome ("ok" or "unreachable").
+    pub node_call_duration: HistogramVec,
     /// Items waiting or retrying in each queue (claims, volumes).
     pub queue_depth: IntGaugeVec,
     /// Items waiting for a worker of their module's share, by module and queue.
@@ -375,6 +378,12 @@ impl Metrics {
                 "wasm_provisioner_guest_call_duration_seconds",
                 "Seconds one guest call took (fresh instance, call, answer checks)",
                 &["module", "call", "outcome"],
+                DEFAULT_BUCKETS,
+            ),
+            node_call_duration: histogram(
+                "wasm_provisioner_node_call_duration_seconds",
+                "Seconds a guest call the leader sent to another node's instance took, the guest's own time included (node-local mode)",
+                &["outcome"],
                 DEFAULT_BUCKETS,
             ),
             guest_call_failures: counter(

@@ -60,6 +60,10 @@ pub const ANN_MODULE_SHA256: &str = "wasm-provisioner.dev/module-sha256";
 /// the class is gone.
 pub const ANN_SECRET: &str = "wasm-provisioner.dev/secret";
 
+/// On a PV made in node-local mode: the node whose instance made the volume, so its
+/// delete and expansion go to that node (written by the host, never inferred).
+pub const ANN_NODE: &str = "wasm-provisioner.dev/node";
+
 // --- StorageClass parameters reserved by the host --------------------------------
 
 /// Class parameter naming the plugin module that serves the class. Never passed to the

@@ -11,7 +11,7 @@
 pub type StringMap = Vec<(String, String)>;
 
 /// What a plugin says about itself (`describe`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PluginInfo {
     pub name: String,
     pub version: String,
@@ -22,7 +22,9 @@ pub struct PluginInfo {
 }
 
 /// An optional capability of a 0.2 plugin: one exported interface each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Capability {
     Expand,
     ReportCapacity,
@@ -63,7 +65,7 @@ impl std::fmt::Display for Capability {
 }
 
 /// Kubernetes access modes of a claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AccessMode {
     ReadWriteOnce,
     ReadOnlyMany,
@@ -72,14 +74,14 @@ pub enum AccessMode {
 }
 
 /// Whether a volume is a filesystem or a raw block device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum VolumeMode {
     Filesystem,
     Block,
 }
 
 /// The object a claim asks to be populated from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DataSource {
     pub api_group: Option<String>,
     pub kind: String,
@@ -88,7 +90,7 @@ pub struct DataSource {
 }
 
 /// One requirement of a claim's label selector.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LabelRequirement {
     pub key: String,
     pub operator: String,
@@ -96,14 +98,14 @@ pub struct LabelRequirement {
 }
 
 /// A claim's label selector.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LabelSelector {
     pub match_labels: StringMap,
     pub match_expressions: Vec<LabelRequirement>,
 }
 
 /// The claim a volume is made for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Claim {
     pub name: String,
     pub namespace: String,
@@ -119,7 +121,7 @@ pub struct Claim {
 }
 
 /// What happens to a volume when its claim is deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ReclaimPolicy {
     Delete,
     Retain,
@@ -127,27 +129,27 @@ pub enum ReclaimPolicy {
 }
 
 /// When a class's volumes are bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum BindingMode {
     Immediate,
     WaitForFirstConsumer,
 }
 
 /// One key and its allowed values in a class's allowed topologies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopologyRequirement {
     pub key: String,
     pub values: Vec<String>,
 }
 
 /// One term of a class's allowed topologies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopologyTerm {
     pub requirements: Vec<TopologyRequirement>,
 }
 
 /// The StorageClass a claim names.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Class {
     pub name: String,
     pub parameters: StringMap,
@@ -159,7 +161,7 @@ pub struct Class {
 }
 
 /// The node the scheduler selected for a claim's first consumer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Node {
     pub name: String,
     pub labels: StringMap,
@@ -167,7 +169,7 @@ pub struct Node {
 
 /// A Secret the class names and the module's grant allows, with its data decoded.
 /// Its `Debug` shows names and keys, never values.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Secret {
     pub namespace: String,
     pub name: String,
@@ -186,14 +188,14 @@ impl std::fmt::Debug for Secret {
 }
 
 /// Where a call runs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CallContext {
     /// The node this call runs on, when known.
     pub node: Option<String>,
 }
 
 /// What `should-provision` and `provision` receive.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProvisionRequest {
     pub volume_name: String,
     pub claim: Claim,
@@ -204,21 +206,21 @@ pub struct ProvisionRequest {
 }
 
 /// A directory on the node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostPathSource {
     pub path: String,
     pub path_type: Option<String>,
 }
 
 /// A local volume: a directory or device on one node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LocalSource {
     pub path: String,
     pub fs_type: Option<String>,
 }
 
 /// An NFS export.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NfsSource {
     pub server: String,
     pub path: String,
@@ -226,7 +228,7 @@ pub struct NfsSource {
 }
 
 /// A volume a CSI driver attaches and mounts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CsiSource {
     pub driver: String,
     pub volume_handle: String,
@@ -236,7 +238,7 @@ pub struct CsiSource {
 }
 
 /// An iSCSI LUN.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IscsiSource {
     pub target_portal: String,
     pub iqn: String,
@@ -248,7 +250,7 @@ pub struct IscsiSource {
 }
 
 /// Where a volume's data is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum VolumeSource {
     HostPath(HostPathSource),
     Local(LocalSource),
@@ -260,7 +262,7 @@ pub enum VolumeSource {
 }
 
 /// One requirement of a node selector term.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeSelectorRequirement {
     pub key: String,
     pub operator: String,
@@ -268,13 +270,13 @@ pub struct NodeSelectorRequirement {
 }
 
 /// One term of a volume's node affinity.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeSelectorTerm {
     pub match_expressions: Vec<NodeSelectorRequirement>,
 }
 
 /// A plugin's answer to `provision`: the volume it made.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Volume {
     pub capacity_bytes: u64,
     pub source: VolumeSource,
@@ -286,7 +288,7 @@ pub struct Volume {
 }
 
 /// Why a plugin made no volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ProvisionError {
     Ignored(String),
     Failed(String),
@@ -296,7 +298,7 @@ pub enum ProvisionError {
 }
 
 /// A volume as published, given back to `should-delete` and `delete`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PublishedVolume {
     pub name: String,
     pub source: VolumeSource,
@@ -309,7 +311,7 @@ pub struct PublishedVolume {
 }
 
 /// What `should-delete` and `delete` receive.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeleteRequest {
     pub volume: PublishedVolume,
     pub class_name: String,
@@ -319,7 +321,7 @@ pub struct DeleteRequest {
 }
 
 /// Why a plugin deleted nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DeleteError {
     Ignored(String),
     Failed(String),
@@ -327,7 +329,7 @@ pub enum DeleteError {
 }
 
 /// What `expand` receives (0.2).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExpandRequest {
     pub volume: PublishedVolume,
     pub class_name: String,
@@ -338,7 +340,7 @@ pub struct ExpandRequest {
 }
 
 /// Why a plugin did not grow a volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExpandError {
     Failed(String),
     InBackground(String),
@@ -346,7 +348,7 @@ pub enum ExpandError {
 }
 
 /// What `get-capacity` receives (0.2).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CapacityRequest {
     pub class: Class,
     pub node: Option<Node>,
@@ -354,7 +356,7 @@ pub struct CapacityRequest {
 }
 
 /// A backend's space, in bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BackendCapacity {
     pub total_bytes: u64,
     pub available_bytes: u64,

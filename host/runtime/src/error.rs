@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// An export of the world the host calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Call {
     Describe,
     ShouldProvision,
@@ -40,7 +40,7 @@ impl fmt::Display for Call {
 }
 
 /// Which call of which module version failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CallTarget {
     pub module: String,
     /// The version: the first 12 hex digits of the module's sha256.
@@ -63,7 +63,9 @@ impl fmt::Display for CallTarget {
 ///
 /// Every variant fails that one call only: the instance is thrown away, the module keeps
 /// serving other calls.
-#[derive(Debug, thiserror::Error)]
+///
+/// Serializable: in node-local mode a node's instance answers the leader with it.
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum CallError {
     #[error("{target} trapped: {cause}")]
     Trap { target: CallTarget, cause: String },
@@ -123,6 +125,15 @@ pub enum CallError {
     MalformedAnswer { target: CallTarget, reason: String },
     #[error("{target} could not start: the sandbox could not be set up: {cause}")]
     Sandbox { target: CallTarget, cause: String },
+    /// Node-local mode: the call is for another node, and that node's instance could not
+    /// be reached or refused it. Nothing ran there, or its answer was lost: retried with
+    /// back-off (the guest's calls are idempotent).
+    #[error("{target} for node {node}: {cause}")]
+    Unreachable {
+        target: CallTarget,
+        node: String,
+        cause: String,
+    },
 }
 
 impl CallError {
@@ -136,6 +147,7 @@ impl CallError {
             CallError::InstancesFull { .. } => "pool_full",
             CallError::MalformedAnswer { .. } => "malformed_answer",
             CallError::Sandbox { .. } => "sandbox",
+            CallError::Unreachable { .. } => "node_unreachable",
         }
     }
 
@@ -149,7 +161,8 @@ impl CallError {
             | CallError::Busy { target, .. }
             | CallError::InstancesFull { target, .. }
             | CallError::MalformedAnswer { target, .. }
-            | CallError::Sandbox { target, .. } => target,
+            | CallError::Sandbox { target, .. }
+            | CallError::Unreachable { target, .. } => target,
         }
     }
 
@@ -158,7 +171,10 @@ impl CallError {
     pub fn is_transient(&self) -> bool {
         self.is_busy()
             || self.is_pool_full()
-            || matches!(self, CallError::Timeout { .. } | CallError::Stuck { .. })
+            || matches!(
+                self,
+                CallError::Timeout { .. } | CallError::Stuck { .. } | CallError::Unreachable { .. }
+            )
     }
 
     /// Whether the call did not start because its module already runs its

@@ -46,7 +46,7 @@ pub use guest::ContractVersion;
 pub use metrics::{Metrics, ModuleCounters};
 pub use module::{LoadedModule, VERSION_DIGITS};
 pub use module_file::DEFAULT_MAX_MODULE_BYTES;
-pub use publish::{Unpublishable, publishable_volume};
+pub use publish::{Unpublishable, check_publishable, publishable_volume, volume_to_publish};
 pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
 pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError, VersionGate, class_pin};
 

@@ -376,7 +376,8 @@ impl LoadedModule {
         Ok(answer)
     }
 
-    fn target(&self, call: Call) -> CallTarget {
+    /// Which call of this version, for an error about it.
+    pub fn target(&self, call: Call) -> CallTarget {
         CallTarget {
             module: self.name.to_string(),
             version: self.version.to_string(),

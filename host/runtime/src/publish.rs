@@ -44,6 +44,31 @@ pub async fn publishable_volume(
     protection_finalizer: bool,
     module: &LoadedModule,
 ) -> Result<PersistentVolume, Unpublishable> {
+    let (pv, module_mount_options) = volume_to_publish(
+        req,
+        claim,
+        class,
+        volume,
+        provisioner_name,
+        protection_finalizer,
+        module,
+    )?;
+    check_publishable(module, &req.volume_name, &pv, &module_mount_options).await?;
+    Ok(pv)
+}
+
+/// The first half of [`publishable_volume`], which needs no node: the PV made of the
+/// answer (module version recorded), and the mount options the module added to the
+/// class's (the grants check those).
+pub fn volume_to_publish(
+    req: &types::ProvisionRequest,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    volume: types::Volume,
+    provisioner_name: &str,
+    protection_finalizer: bool,
+    module: &LoadedModule,
+) -> Result<(PersistentVolume, Vec<String>), Unpublishable> {
     // The class's mount options are the admin's; only what the module adds is checked.
     let class_options = class.mount_options.clone().unwrap_or_default();
     let module_mount_options: Vec<String> = volume
@@ -64,24 +89,35 @@ pub async fn publishable_volume(
         module: module.name().to_string(),
         source,
     })?;
+    record_module(&mut pv, module.name(), module.sha256());
+    Ok((pv, module_mount_options))
+}
+
+/// The second half of [`publishable_volume`], which runs on the volume's node (in
+/// node-local mode, that node's instance with its own grants): the volume source is one
+/// the module's volume grants allow, and a hostPath or local directory is no symlink.
+pub async fn check_publishable(
+    module: &LoadedModule,
+    volume_name: &str,
+    pv: &PersistentVolume,
+    module_mount_options: &[String],
+) -> Result<(), SourceRefused> {
     let spec = pv.spec.clone().unwrap_or_default();
-    let directory = module.grants().volumes.check(
-        module.name(),
-        &req.volume_name,
-        &spec,
-        &module_mount_options,
-    )?;
+    let directory =
+        module
+            .grants()
+            .volumes
+            .check(module.name(), volume_name, &spec, module_mount_options)?;
     if let Some(directory) = directory {
         module
             .check_volume_directory(&directory)
             .await
             .map_err(|reason| SourceRefused {
                 module: module.name().to_string(),
-                volume: req.volume_name.clone(),
+                volume: volume_name.to_string(),
                 rule: directory.rule.clone(),
                 reason,
             })?;
     }
-    record_module(&mut pv, module.name(), module.sha256());
-    Ok(pv)
+    Ok(())
 }

@@ -308,6 +308,16 @@ pub const DEFAULT_PV_SAVE_RETRIES: u32 = 5;
 pub const DEFAULT_PV_SAVE_INTERVAL: &str = "10s";
 pub const DEFAULT_EVENT_MAX_DELAY: &str = "30s";
 pub const DEFAULT_CAPACITY_POLL_INTERVAL: &str = "60s";
+pub const DEFAULT_NODE_ADDRESS: &str = "0.0.0.0:9443";
+pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/wasm-provisioner/token";
+pub const DEFAULT_INSTANCE_SELECTOR: &str = "app=wasm-provisioner";
+
+/// How the host is deployed (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Deployment,
+    NodeLocal,
+}
 
 /// The controller's flags (the plugin flags are in `PluginArgs`).
 #[derive(Debug, Clone, Args)]
@@ -391,6 +401,33 @@ pub struct ControllerArgs {
     /// node instead of making it on the wrong machine. Unset: guests are told no node.
     #[arg(long, env = "WASM_PROVISIONER_NODE_NAME")]
     pub node_name: Option<String>,
+
+    /// `deployment`: one elected replica makes every guest call in its own process.
+    /// `node-local`: the host runs as a DaemonSet; the elected instance still does all
+    /// the API work, and sends each guest call to the instance on the call's node (the
+    /// claim's selected node, the node recorded on the PV) over mutual TLS
+    /// (docs/install.md, "Node-local mode").
+    #[arg(long, env = "WASM_PROVISIONER_MODE", value_enum, default_value_t = Mode::Deployment)]
+    pub mode: Mode,
+
+    /// Node-local mode: this pod's IP (the manifests set it from `status.podIP`); the
+    /// leader advertises it, with the channel's port, for the instances to enrol.
+    #[arg(long, env = "WASM_PROVISIONER_POD_IP")]
+    pub pod_ip: Option<std::net::IpAddr>,
+
+    /// Node-local mode: where this instance serves the node channel (mutual TLS).
+    #[arg(long, env = "WASM_PROVISIONER_NODE_ADDRESS", default_value = DEFAULT_NODE_ADDRESS)]
+    pub node_address: SocketAddr,
+
+    /// Node-local mode: this pod's projected ServiceAccount token (audience
+    /// `wasm-provisioner`), with which it enrols with the leader.
+    #[arg(long, env = "WASM_PROVISIONER_TOKEN_FILE", default_value = DEFAULT_TOKEN_FILE)]
+    pub token_file: PathBuf,
+
+    /// Node-local mode: the label selector of the instances' pods (the DaemonSet's) in
+    /// the host's namespace; the leader finds each node's instance among them.
+    #[arg(long, env = "WASM_PROVISIONER_INSTANCE_SELECTOR", default_value = DEFAULT_INSTANCE_SELECTOR)]
+    pub instance_selector: String,
 
     /// Average Kubernetes API requests per second of this process.
     #[arg(long, env = "WASM_PROVISIONER_KUBE_API_QPS", default_value_t = DEFAULT_KUBE_API_QPS)]
@@ -483,6 +520,37 @@ impl ControllerArgs {
             journal_namespace: self.own_namespace(),
             journal_name: controller::journal_name(&leader::lease_name(&self.provisioner_name)),
         }
+    }
+
+    /// Node-local mode's settings; `None` in Deployment mode. Refuses a node-local
+    /// configuration that lacks what it needs.
+    pub fn node_local(&self) -> anyhow::Result<Option<crate::nodes::Settings>> {
+        if self.mode != Mode::NodeLocal {
+            return Ok(None);
+        }
+        let Some(node_name) = self.node_name.clone().filter(|name| !name.is_empty()) else {
+            anyhow::bail!(
+                "--mode=node-local needs --node-name (WASM_PROVISIONER_NODE_NAME, from the downward API's spec.nodeName)"
+            );
+        };
+        let Some(pod_ip) = self.pod_ip else {
+            anyhow::bail!(
+                "--mode=node-local needs --pod-ip (WASM_PROVISIONER_POD_IP, from the downward API's status.podIP)"
+            );
+        };
+        if !self.leader_elect {
+            anyhow::bail!(
+                "--mode=node-local needs --leader-elect=true: one instance of the DaemonSet leads"
+            );
+        }
+        Ok(Some(crate::nodes::Settings {
+            node_name,
+            pod_ip,
+            address: self.node_address,
+            token_file: self.token_file.clone(),
+            instance_selector: self.instance_selector.clone(),
+            namespace: self.own_namespace(),
+        }))
     }
 
     /// `--namespace`, else this pod's namespace, else `default`.

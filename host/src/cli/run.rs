@@ -7,13 +7,14 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use kube::Client;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::cli::args::{ControllerArgs, PluginArgs};
 use crate::controller::classes::{ClassChecks, ClassGate};
 use crate::controller::{self, Settings};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
+use crate::nodes::{Backends, NodeLocal};
 use crate::server::{self, Health};
 use wasm_provisioner_runtime::{DirectoryWatcher, Runtime};
 
@@ -108,21 +109,54 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
         ..args.settings()
     };
     let runtime = Arc::new(runtime);
+    // Node-local mode: every instance serves its node's calls from the start.
+    let node_local = match args.node_local()? {
+        Some(node_settings) => Some(Arc::new(
+            NodeLocal::start(
+                node_settings,
+                runtime.clone(),
+                identity.clone(),
+                args.leader_election_retry_period,
+                shutdown.clone(),
+            )
+            .await?,
+        )),
+        None => None,
+    };
     let work = {
         let client = client.clone();
         let metrics = metrics.clone();
         let health = health.clone();
-        move |leadership: Leadership, stop: CancellationToken| {
+        let node_local = node_local.clone();
+        move |leadership: Leadership, stop: CancellationToken| async move {
+            let backends = match &node_local {
+                Some(node_local) => {
+                    let term = leadership.term();
+                    match node_local
+                        .lead(client.clone(), term, metrics.clone(), stop.clone())
+                        .await
+                    {
+                        Ok(backends) => backends,
+                        Err(error) => {
+                            error!(%error, "node-local mode: cannot lead the node channel; stopping");
+                            return;
+                        }
+                    }
+                }
+                None => Backends::deployment(settings.node_name.clone()),
+            };
             controller::run(
                 client,
                 settings,
                 runtime,
+                Arc::new(backends),
                 metrics,
                 health,
                 leadership,
                 class_checks,
                 stop,
             )
+            .await
         }
     };
     let result = if args.leader_elect {
@@ -136,6 +170,11 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
             lease_duration: args.leader_election_lease_duration,
             renew_deadline: args.leader_election_renew_deadline,
             retry_period: args.leader_election_retry_period,
+            annotations: node_local
+                .as_ref()
+                .map(|node_local| node_local.lease_annotations())
+                .unwrap_or_default(),
+            observed: node_local.as_ref().map(|node_local| node_local.leases()),
         };
         // A standby is ready: it serves its endpoint and stands by to lead.
         health

@@ -39,7 +39,7 @@ pub(super) async fn fenced_provision(
     let started = Instant::now();
     let answer = ctx
         .leadership
-        .fenced(step, module.provision(request))
+        .fenced(step, ctx.backends.provision(module, request))
         .await?;
     observe_call(
         ctx,

@@ -41,6 +41,7 @@ use tracing::{info, warn};
 
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::nodes::Backends;
 use crate::server::Health;
 pub use events::EventSink;
 pub use faults::Faults;
@@ -91,13 +92,13 @@ pub struct Settings {
     pub node_name: Option<String>,
 }
 
-impl Settings {
-    /// Where this host's guest calls run.
-    pub fn call_context(&self) -> wasm_provisioner_rules::types::CallContext {
-        wasm_provisioner_rules::types::CallContext {
-            node: self.node_name.clone(),
-        }
-    }
+/// The node recorded on a PV made in node-local mode (`wasm-provisioner.dev/node`).
+pub fn recorded_node(pv: &PersistentVolume) -> Option<&str> {
+    pv.metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(wasm_provisioner_rules::names::ANN_NODE))
+        .map(String::as_str)
 }
 
 /// Everything a reconcile needs.
@@ -105,6 +106,8 @@ pub struct Context {
     pub client: Client,
     pub settings: Settings,
     pub runtime: Arc<Runtime>,
+    /// Where each guest call runs: here, or (node-local mode) on its node's instance.
+    pub backends: Arc<Backends>,
     pub claims: Store<PersistentVolumeClaim>,
     pub volumes: Store<PersistentVolume>,
     pub classes: Store<StorageClass>,
@@ -515,6 +518,7 @@ pub async fn run(
     client: Client,
     settings: Settings,
     runtime: Arc<Runtime>,
+    backends: Arc<Backends>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     leadership: Leadership,
@@ -569,6 +573,7 @@ pub async fn run(
         volume_shares: watches.volume_shares,
         settings,
         runtime,
+        backends,
         claims: watches.claims,
         volumes: watches.volumes,
         classes: watches.classes,

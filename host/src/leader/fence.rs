@@ -31,20 +31,33 @@ pub struct Leadership {
     /// `None` without leader election (a single replica always leads). Otherwise the
     /// instant the leadership ends unless renewed; `None` inside once it is lost.
     lease: Option<watch::Receiver<Option<Instant>>>,
+    /// The Lease's transition count when this process took it: its term. Node-local
+    /// mode carries it in every call to a node's instance, which refuses an older term.
+    term: i32,
 }
 
 impl Leadership {
     /// A single replica (no election): always the leader.
     pub fn unelected() -> Self {
-        Self { lease: None }
+        Self {
+            lease: None,
+            term: 0,
+        }
     }
 
     /// Leadership that lasts until the instant in `valid_until` (moved by each renewal,
     /// `None` once lost).
-    pub fn elected(valid_until: watch::Receiver<Option<Instant>>) -> Self {
+    pub fn elected(valid_until: watch::Receiver<Option<Instant>>, term: i32) -> Self {
         Self {
             lease: Some(valid_until),
+            term,
         }
+    }
+
+    /// The term this process leads in (the Lease's transitions when it took it; 0
+    /// without election).
+    pub fn term(&self) -> i32 {
+        self.term
     }
 
     /// Until when this process leads, if it still does (`Some(None)`: for ever).
@@ -119,7 +132,7 @@ mod tests {
     #[tokio::test]
     async fn a_step_is_cancelled_when_the_lease_runs_out() {
         let (_tx, rx) = watch::channel(Some(Instant::now() + ms(200)));
-        let leadership = Leadership::elected(rx);
+        let leadership = Leadership::elected(rx, 1);
         let started = Instant::now();
         let error = leadership
             .fenced(
@@ -137,7 +150,7 @@ mod tests {
     #[tokio::test]
     async fn renewals_keep_a_long_step_going() {
         let (tx, rx) = watch::channel(Some(Instant::now() + ms(200)));
-        let leadership = Leadership::elected(rx);
+        let leadership = Leadership::elected(rx, 1);
         tokio::spawn(async move {
             for _ in 0..10 {
                 tokio::time::sleep(ms(100)).await;
@@ -156,7 +169,7 @@ mod tests {
     #[tokio::test]
     async fn a_lost_lease_stops_steps_at_once() {
         let (tx, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(30)));
-        let leadership = Leadership::elected(rx);
+        let leadership = Leadership::elected(rx, 1);
         tokio::spawn(async move {
             tokio::time::sleep(ms(100)).await;
             let _ = tx.send(None);

@@ -4,11 +4,15 @@
 //! skew between nodes does not matter); renew it when it is ours; give it up by
 //! clearing the holder.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// What one try made of the Lease.
@@ -32,6 +36,12 @@ pub struct Elector {
     last: Option<Lease>,
     /// When this process first saw the current record (client-go's observedTime).
     observed_at: Instant,
+    /// Annotations this process writes on the Lease while it holds it (node-local mode:
+    /// how instances reach and trust the leader).
+    annotations: BTreeMap<String, String>,
+    /// Where every Lease read or written is published (node-local mode's instances
+    /// follow the leader through it).
+    observed: Option<Arc<watch::Sender<Option<Lease>>>>,
 }
 
 impl Elector {
@@ -43,7 +53,30 @@ impl Elector {
             duration,
             last: None,
             observed_at: Instant::now(),
+            annotations: BTreeMap::new(),
+            observed: None,
         }
+    }
+
+    /// Writes `annotations` on the Lease whenever this process takes or renews it, and
+    /// publishes every Lease seen to `observed`.
+    pub fn advertising(
+        mut self,
+        annotations: BTreeMap<String, String>,
+        observed: Option<Arc<watch::Sender<Option<Lease>>>>,
+    ) -> Self {
+        self.annotations = annotations;
+        self.observed = observed;
+        self
+    }
+
+    /// The Lease's transition count as last seen: the term of its holder.
+    pub fn term(&self) -> i32 {
+        self.last
+            .as_ref()
+            .and_then(|lease| lease.spec.as_ref())
+            .and_then(|spec| spec.lease_transitions)
+            .unwrap_or(0)
     }
 
     /// Takes or renews the Lease. A holder renews with a conditional write of the record
@@ -106,6 +139,7 @@ impl Elector {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
+                annotations: (!self.annotations.is_empty()).then(|| self.annotations.clone()),
                 ..ObjectMeta::default()
             },
             spec: Some(taken(None, &self.identity, self.duration)),
@@ -125,6 +159,9 @@ impl Elector {
     async fn write(&mut self, current: Lease, now: Instant) -> Result<Attempt, kube::Error> {
         let mut next = current.clone();
         next.spec = Some(taken(current.spec.as_ref(), &self.identity, self.duration));
+        if !self.annotations.is_empty() {
+            next.annotations_mut().extend(self.annotations.clone());
+        }
         match self
             .api
             .replace(&self.name, &PostParams::default(), &next)
@@ -149,6 +186,9 @@ impl Elector {
         });
         if changed {
             self.observed_at = now;
+            if let Some(observed) = &self.observed {
+                observed.send_replace(Some(lease.clone()));
+            }
         }
         self.last = Some(lease);
     }

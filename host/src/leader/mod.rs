@@ -63,6 +63,10 @@ pub struct Settings {
     pub renew_deadline: Duration,
     /// How often the leader renews and a standby tries to take the lease.
     pub retry_period: Duration,
+    /// Annotations the leader writes on the Lease (node-local mode's advert).
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// Where each Lease seen is published (node-local mode's instances follow it).
+    pub observed: Option<Arc<watch::Sender<Option<Lease>>>>,
 }
 
 /// The Lease name for a provisioner name: `/` is not allowed in object names.
@@ -127,7 +131,8 @@ where
         &settings.lease_name,
         &settings.identity,
         settings.lease_duration,
-    );
+    )
+    .advertising(settings.annotations.clone(), settings.observed.clone());
     info!(lease = %settings.lease_name, namespace = %settings.namespace, identity = %settings.identity, "waiting to become leader");
     let mut ticker = tokio::time::interval(settings.retry_period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -151,7 +156,11 @@ where
     metrics.leader.set(1);
     let (fence, fence_until) = watch::channel(Some(valid_until));
     let work_token = CancellationToken::new();
-    let mut task = tokio::spawn(work(Leadership::elected(fence_until), work_token.clone()));
+    let term = elector.term();
+    let mut task = tokio::spawn(work(
+        Leadership::elected(fence_until, term),
+        work_token.clone(),
+    ));
     let lost = loop {
         tokio::select! {
             biased;
@@ -213,6 +222,8 @@ mod tests {
             lease_duration: Duration::from_secs(duration),
             renew_deadline: Duration::from_secs(renew),
             retry_period: DEFAULT_RETRY_PERIOD,
+            annotations: Default::default(),
+            observed: None,
         }
     }
 

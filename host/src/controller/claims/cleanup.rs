@@ -62,11 +62,14 @@ pub(super) async fn ask_again(attempt: &mut Attempt<'_>) -> Result<(), Error> {
     let node = ClaimView(attempt.claim())
         .selected_node()
         .and_then(|name| ctx.node(name));
-    let request = request::provision_request(
+    let mut request = request::provision_request(
         attempt.claim(),
         &class,
         node.as_deref().map(|n| &n.metadata),
     )?;
+    request.context = ctx
+        .backends
+        .context(ClaimView(attempt.claim()).selected_node());
     attempt.in_flight = Some(InFlight::start(ctx, "provision"));
     let (_, answer) =
         fenced_provision(ctx, &module, &request, "guest provision call (cleanup)").await?;
@@ -91,7 +94,10 @@ pub(super) async fn delete_again(attempt: &mut Attempt<'_>) -> Result<(), Error>
     let started = Instant::now();
     let answer = ctx
         .leadership
-        .fenced("guest delete call (cleanup)", module.delete(&delete))
+        .fenced(
+            "guest delete call (cleanup)",
+            ctx.backends.delete(&module, &delete),
+        )
         .await?;
     observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
     attempt.delete_request = Some(delete);

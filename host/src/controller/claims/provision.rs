@@ -59,7 +59,9 @@ pub(super) async fn ask_should_provision(
         node.as_deref().map(|n| &n.metadata),
     )?;
     let ctx = attempt.ctx;
-    request.context = ctx.settings.call_context();
+    request.context = ctx
+        .backends
+        .context(ClaimView(attempt.claim()).selected_node());
     let secret = secrets::for_claim(ctx, &module, &class, attempt.claim(), &request.volume_name);
     request.secret = match secret.await {
         Ok(secret) => secret,
@@ -81,7 +83,7 @@ pub(super) async fn ask_should_provision(
         ctx,
         &module,
         Call::ShouldProvision,
-        module.should_provision(&request),
+        ctx.backends.should_provision(&module, &request),
     )
     .await;
     attempt.request = Some(request);
@@ -178,7 +180,7 @@ pub(super) async fn check_volume(attempt: &mut Attempt<'_>) -> Result<(), Error>
         unreachable!("the decision checks only a volume the module answered");
     };
     attempt.delete_request = Some(volume::unpublished_delete_request(request, volume));
-    let checked = wasm_provisioner_runtime::publishable_volume(
+    let built = wasm_provisioner_runtime::volume_to_publish(
         request,
         attempt.claim(),
         &class,
@@ -186,15 +188,36 @@ pub(super) async fn check_volume(attempt: &mut Attempt<'_>) -> Result<(), Error>
         &ctx.settings.provisioner_name,
         ctx.settings.volume_protection_finalizer,
         &module,
-    )
-    .await;
+    );
+    let checked = match built {
+        Ok((mut pv, module_mount_options)) => {
+            if ctx.backends.node_local_mode()
+                && let Some(node) = &request.context.node
+            {
+                pv.annotations_mut()
+                    .insert(names::ANN_NODE.to_string(), node.clone());
+            }
+            // On the volume's node: its grants, its directory.
+            ctx.backends
+                .check_publishable(
+                    &module,
+                    &request.context,
+                    &request.volume_name,
+                    &pv,
+                    &module_mount_options,
+                )
+                .await
+                .map(|()| pv)
+        }
+        Err(error) => Err(error.to_string()),
+    };
     match checked {
         Ok(pv) => {
             attempt.pv = Some(pv);
             attempt.publishing = Publishing::Publishable;
         }
         Err(error) => {
-            attempt.unpublished_because = Some(error.to_string());
+            attempt.unpublished_because = Some(error);
             attempt.publishing = Publishing::Unpublishable;
         }
     }
@@ -240,7 +263,12 @@ pub(super) async fn discard(attempt: &mut Attempt<'_>, of: DiscardOf) -> Result<
                 .expect("the decision discards a PV it checked");
             let mut delete = volume::delete_request(pv, Some(&class))?;
             delete.secret = attempt.request.as_ref().and_then(|r| r.secret.clone());
-            delete.context = ctx.settings.call_context();
+            // The volume is on the node it was made on.
+            delete.context = attempt
+                .request
+                .as_ref()
+                .map(|request| request.context.clone())
+                .unwrap_or_default();
             attempt.delete_request = Some(delete);
         }
     }
@@ -251,7 +279,7 @@ pub(super) async fn discard(attempt: &mut Attempt<'_>, of: DiscardOf) -> Result<
     let started = Instant::now();
     let answer = ctx
         .leadership
-        .fenced("guest delete call", module.delete(delete))
+        .fenced("guest delete call", ctx.backends.delete(&module, delete))
         .await?;
     observe_call(ctx, &module, Call::Delete, started, delete_outcome(&answer));
     attempt.deleted = Some(answer);

@@ -85,7 +85,9 @@ pub(super) async fn expand(attempt: &mut Attempt<'_>) -> Result<(), Error> {
             source,
         })?;
     let mut request = expand::expand_request(attempt.pv(), attempt.class.as_deref(), requested)?;
-    request.context = ctx.settings.call_context();
+    request.context = ctx
+        .backends
+        .context(crate::controller::recorded_node(attempt.pv()));
     request.secret = match secrets::for_volume(ctx, &module, attempt.pv()).await {
         Ok(secret) => secret,
         Err(source) => {
@@ -108,7 +110,7 @@ pub(super) async fn expand(attempt: &mut Attempt<'_>) -> Result<(), Error> {
     let started = Instant::now();
     let answer = ctx
         .leadership
-        .fenced("guest expand call", module.expand(&request))
+        .fenced("guest expand call", ctx.backends.expand(&module, &request))
         .await;
     drop(in_flight);
     let answer = answer?;

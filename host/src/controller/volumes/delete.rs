@@ -18,6 +18,7 @@ use crate::controller::calls::{InFlight, call, delete_outcome, observe_call};
 use crate::controller::claims::decision::{Lookup, Share};
 use crate::controller::faults::Step as Fault;
 use crate::controller::recent::VolumeStage;
+use crate::controller::recorded_node;
 use crate::controller::secrets;
 use wasm_provisioner_rules::names;
 use wasm_provisioner_rules::volume;
@@ -94,7 +95,7 @@ pub(super) async fn ask_should_delete(attempt: &mut Attempt<'_>) -> Result<(), E
         .expect("the decision asks only a resolved module");
     let mut request =
         volume::delete_request(&attempt.pv, ctx.class(&class_label(&attempt.pv)).as_deref())?;
-    request.context = ctx.settings.call_context();
+    request.context = ctx.backends.context(recorded_node(&attempt.pv));
     request.secret = match secrets::for_volume(ctx, &module, &attempt.pv).await {
         Ok(secret) => secret,
         Err(source) => {
@@ -106,7 +107,7 @@ pub(super) async fn ask_should_delete(attempt: &mut Attempt<'_>) -> Result<(), E
         ctx,
         &module,
         Call::ShouldDelete,
-        module.should_delete(&request),
+        ctx.backends.should_delete(&module, &request),
     )
     .await;
     attempt.request = Some(request);
@@ -130,7 +131,7 @@ pub(super) async fn delete(attempt: &mut Attempt<'_>) -> Result<(), Error> {
     let started = Instant::now();
     let answer = ctx
         .leadership
-        .fenced("guest delete call", module.delete(request))
+        .fenced("guest delete call", ctx.backends.delete(&module, request))
         .await;
     drop(in_flight);
     attempt.share_permit = None;

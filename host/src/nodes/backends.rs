@@ -1,0 +1,192 @@
+//! Where a guest call runs. In Deployment mode, always in this process. In node-local
+//! mode, the call's node (the claim's selected node, the node recorded on the PV)
+//! decides: this process's own node in process, any other node through that node's
+//! instance ([`super::client::Remote`]). The request is the same either way.
+
+use std::future::Future;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use serde::de::DeserializeOwned;
+use wasm_provisioner_rules::types::{
+    BackendCapacity, CallContext, CapacityRequest, DeleteError, DeleteRequest, ExpandError,
+    ExpandRequest, ProvisionError, ProvisionRequest, Volume,
+};
+use wasm_provisioner_runtime::{CallError, LoadedModule, check_publishable};
+
+use super::client::Remote;
+use super::wire::Request;
+
+/// Where each call runs.
+pub struct Backends {
+    own_node: Option<String>,
+    /// Node-local mode: how the leader reaches the other nodes.
+    remote: Option<Remote>,
+}
+
+impl Backends {
+    /// Deployment mode: every call here, with this host's node as the calls' node.
+    pub fn deployment(own_node: Option<String>) -> Self {
+        Self {
+            own_node,
+            remote: None,
+        }
+    }
+
+    /// Node-local mode: calls for `own_node` here, others through `remote`.
+    pub fn node_local(own_node: String, remote: Remote) -> Self {
+        Self {
+            own_node: Some(own_node),
+            remote: Some(remote),
+        }
+    }
+
+    /// Whether calls go to the node they are for (node-local mode); the host then
+    /// records that node on each PV it makes.
+    pub fn node_local_mode(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// The context of a call for `node`: in node-local mode that node (this one when
+    /// none is given); in Deployment mode always this host's node.
+    pub fn context(&self, node: Option<&str>) -> CallContext {
+        let node = match (self.node_local_mode(), node) {
+            (true, Some(node)) => Some(node.to_string()),
+            _ => self.own_node.clone(),
+        };
+        CallContext { node }
+    }
+
+    /// The remote end of a call for `context`'s node, unless it runs here.
+    fn remote_for(&self, context: &CallContext) -> Option<(&Remote, String)> {
+        let remote = self.remote.as_ref()?;
+        let node = context.node.as_deref()?;
+        (Some(node) != self.own_node.as_deref()).then(|| (remote, node.to_string()))
+    }
+
+    async fn route<T: DeserializeOwned>(
+        &self,
+        module: &LoadedModule,
+        request: Request,
+        local: impl Future<Output = Result<T, CallError>>,
+    ) -> Result<T, CallError> {
+        match self.remote_for(request.context()) {
+            Some((remote, node)) => remote.call(module, &node, request).await,
+            None => local.await,
+        }
+    }
+
+    pub async fn should_provision(
+        &self,
+        module: &LoadedModule,
+        request: &ProvisionRequest,
+    ) -> Result<bool, CallError> {
+        let remote = Request::ShouldProvision(request.clone());
+        self.route(module, remote, module.should_provision(request))
+            .await
+    }
+
+    pub async fn provision(
+        &self,
+        module: &LoadedModule,
+        request: &ProvisionRequest,
+    ) -> Result<Result<Volume, ProvisionError>, CallError> {
+        let remote = Request::Provision(request.clone());
+        self.route(module, remote, module.provision(request)).await
+    }
+
+    pub async fn should_delete(
+        &self,
+        module: &LoadedModule,
+        request: &DeleteRequest,
+    ) -> Result<bool, CallError> {
+        let remote = Request::ShouldDelete(request.clone());
+        self.route(module, remote, module.should_delete(request))
+            .await
+    }
+
+    pub async fn delete(
+        &self,
+        module: &LoadedModule,
+        request: &DeleteRequest,
+    ) -> Result<Result<(), DeleteError>, CallError> {
+        let remote = Request::Delete(request.clone());
+        self.route(module, remote, module.delete(request)).await
+    }
+
+    pub async fn expand(
+        &self,
+        module: &LoadedModule,
+        request: &ExpandRequest,
+    ) -> Result<Result<u64, ExpandError>, CallError> {
+        let remote = Request::Expand(request.clone());
+        self.route(module, remote, module.expand(request)).await
+    }
+
+    pub async fn get_capacity(
+        &self,
+        module: &LoadedModule,
+        request: &CapacityRequest,
+    ) -> Result<Result<BackendCapacity, String>, CallError> {
+        let remote = Request::GetCapacity(request.clone());
+        self.route(module, remote, module.get_capacity(request))
+            .await
+    }
+
+    /// The publish check of `pv` ([`check_publishable`]) on its node: there the grants
+    /// and the directory are that node's. `Err` says why it may not be published.
+    pub async fn check_publishable(
+        &self,
+        module: &LoadedModule,
+        context: &CallContext,
+        volume_name: &str,
+        pv: &PersistentVolume,
+        module_mount_options: &[String],
+    ) -> Result<(), String> {
+        let local = async {
+            Ok(
+                check_publishable(module, volume_name, pv, module_mount_options)
+                    .await
+                    .map_err(|refused| refused.to_string()),
+            )
+        };
+        let remote = Request::CheckPublishable {
+            context: context.clone(),
+            volume_name: volume_name.to_string(),
+            pv: Box::new(pv.clone()),
+            module_mount_options: module_mount_options.to_vec(),
+        };
+        match self.route(module, remote, local).await {
+            Ok(answer) => answer,
+            Err(error) => Err(format!("its node could not check it: {error}")),
+        }
+    }
+}
+
+/// Runs `request` with `module` in this process: what an instance does with a call
+/// from the leader. The answer is the JSON of what [`Backends`] would have returned.
+pub async fn execute(module: &LoadedModule, request: Request) -> serde_json::Value {
+    fn json<T: serde::Serialize>(answer: T) -> serde_json::Value {
+        serde_json::to_value(answer).unwrap_or_else(|error| {
+            serde_json::Value::String(format!("the answer could not be encoded: {error}"))
+        })
+    }
+    match request {
+        Request::ShouldProvision(r) => json(module.should_provision(&r).await),
+        Request::Provision(r) => json(module.provision(&r).await),
+        Request::ShouldDelete(r) => json(module.should_delete(&r).await),
+        Request::Delete(r) => json(module.delete(&r).await),
+        Request::Expand(r) => json(module.expand(&r).await),
+        Request::GetCapacity(r) => json(module.get_capacity(&r).await),
+        Request::CheckPublishable {
+            volume_name,
+            pv,
+            module_mount_options,
+            ..
+        } => {
+            let checked = check_publishable(module, &volume_name, &pv, &module_mount_options)
+                .await
+                .map_err(|refused| refused.to_string());
+            json(Ok::<_, CallError>(checked))
+        }
+    }
+}

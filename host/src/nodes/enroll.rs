@@ -1,0 +1,240 @@
+//! How an instance gets its node's certificate for a term.
+//!
+//! The leader advertises, on the Lease it holds, its term CA's certificate and its own
+//! address ([`Advert`]). An instance that sees a new term connects to that address,
+//! trusting only that CA, and sends its projected ServiceAccount token (audience
+//! [`AUDIENCE`], bound to its pod). The leader checks the token with a TokenReview:
+//! valid, bound to a pod of the instances' selector in the host's namespace, of that
+//! pod's ServiceAccount; it issues a key and certificate for the pod's node — the
+//! node Kubernetes says the pod runs on, never one the instance names.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::PostParams;
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::client::{connect, post};
+use super::instances::Instances;
+use super::pki::{self, Authority};
+use super::server::{Channel, Role};
+use super::wire::{ENROLL_PATH, Enrolled, Enrollment};
+
+/// The audience of the instances' projected tokens.
+pub const AUDIENCE: &str = "wasm-provisioner";
+/// The Lease annotation with the leader's term CA certificate (PEM).
+pub const ANNOTATION_CA: &str = "wasm-provisioner.dev/node-channel-ca";
+/// The Lease annotation with the leader's channel address (`ip:port`).
+pub const ANNOTATION_ADDRESS: &str = "wasm-provisioner.dev/node-channel-address";
+
+const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+
+/// The annotations a leader writes on its Lease.
+pub fn advert_annotations(authority: &Authority, address: SocketAddr) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (ANNOTATION_CA.to_string(), authority.ca_pem().to_string()),
+        (ANNOTATION_ADDRESS.to_string(), address.to_string()),
+    ])
+}
+
+/// What an instance reads of the current leader on the Lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Advert {
+    pub holder: String,
+    pub term: i32,
+    pub ca_pem: String,
+    pub address: SocketAddr,
+}
+
+impl Advert {
+    /// The advert of `lease`'s holder, unless it is `own_identity` or not advertised.
+    pub fn of(lease: &Lease, own_identity: &str) -> Option<Self> {
+        let spec = lease.spec.as_ref()?;
+        let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+        if holder == own_identity {
+            return None;
+        }
+        let annotations = lease.annotations();
+        Some(Self {
+            holder: holder.to_string(),
+            term: spec.lease_transitions.unwrap_or(0),
+            ca_pem: annotations.get(ANNOTATION_CA)?.clone(),
+            address: annotations.get(ANNOTATION_ADDRESS)?.parse().ok()?,
+        })
+    }
+}
+
+/// The leader's enrolment of instances.
+pub struct Enroller {
+    pub client: Client,
+    pub authority: Arc<Authority>,
+    pub instances: Instances,
+    pub namespace: String,
+    pub term: i32,
+}
+
+impl Enroller {
+    /// Checks `token` and issues its pod's node a certificate; `Err` says why not.
+    pub async fn enroll(&self, token: &str) -> Result<Enrolled, String> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: Some(vec![AUDIENCE.to_string()]),
+            },
+            ..Default::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|error| {
+                format!(
+                    "the TokenReview failed (check the host's RBAC: create tokenreviews): {error}"
+                )
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            return Err(format!(
+                "the token was not accepted: {}",
+                status.error.unwrap_or_else(|| "not authenticated".into())
+            ));
+        }
+        let user = status.user.unwrap_or_default();
+        let extra = user.extra.unwrap_or_default();
+        let one = |key: &str| extra.get(key).and_then(|values| values.first()).cloned();
+        let (Some(pod_name), Some(pod_uid)) = (one(POD_NAME), one(POD_UID)) else {
+            return Err(format!(
+                "the token is not bound to a pod: use a projected serviceAccountToken with audience {AUDIENCE}"
+            ));
+        };
+        let Some(pod) = self.instances.pod(&pod_name) else {
+            return Err(format!(
+                "pod {pod_name} is not an instance: no pod of that name matches {:?} in namespace {}",
+                self.instances.selector(),
+                self.namespace
+            ));
+        };
+        if pod.uid().as_deref() != Some(pod_uid.as_str()) {
+            return Err(format!(
+                "the token is bound to an earlier pod named {pod_name}"
+            ));
+        }
+        let spec = pod.spec.clone().unwrap_or_default();
+        let account = spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let expected = format!("system:serviceaccount:{}:{account}", self.namespace);
+        if user.username.as_deref() != Some(expected.as_str()) {
+            return Err(format!(
+                "the token is {:?}'s, not {expected}'s, the ServiceAccount of pod {pod_name}",
+                user.username.unwrap_or_default()
+            ));
+        }
+        let Some(node) = spec.node_name else {
+            return Err(format!("pod {pod_name} is not on a node yet"));
+        };
+        let identity = self
+            .authority
+            .issue_node(&node)
+            .map_err(|error| format!("cannot issue a certificate for node {node}: {error}"))?;
+        Ok(Enrolled {
+            node,
+            term: self.term,
+            identity,
+        })
+    }
+}
+
+/// The instance's side: asks the leader of `advert` for this node's certificate with
+/// the token in `token_file`; the role to serve with.
+async fn enroll(advert: &Advert, token_file: &Path, own_node: &str) -> Result<Role, String> {
+    let token = std::fs::read_to_string(token_file)
+        .map_err(|error| format!("cannot read the token {}: {error}", token_file.display()))?;
+    let config = pki::client_config(&advert.ca_pem, None)
+        .map_err(|error| format!("the Lease's CA is unusable: {error}"))?;
+    let mut sender = connect(config, advert.address, pki::LEADER_NAME).await?;
+    let body = serde_json::to_vec(&Enrollment {
+        token: token.trim().to_string(),
+    })
+    .map_err(|error| error.to_string())?;
+    let answer = post(&mut sender, pki::LEADER_NAME, ENROLL_PATH, body).await?;
+    let enrolled: Enrolled =
+        serde_json::from_slice(&answer).map_err(|error| format!("malformed answer: {error}"))?;
+    if enrolled.node != own_node {
+        return Err(format!(
+            "the leader enrolled this pod for node {}, but this process runs with --node-name {own_node}",
+            enrolled.node
+        ));
+    }
+    if enrolled.term != advert.term {
+        return Err(format!(
+            "the leader answered for term {}, the Lease says {}",
+            enrolled.term, advert.term
+        ));
+    }
+    let config = pki::instance_server_config(&advert.ca_pem, &enrolled.identity)
+        .map_err(|error| format!("the issued certificate is unusable: {error}"))?;
+    Ok(Role::Instance {
+        config,
+        term: enrolled.term,
+        enrolled_at: Instant::now(),
+    })
+}
+
+/// Follows the Lease (as the election reads it, published to `leases`): on each new
+/// term, stops serving the old one at once and enrols with the new leader; enrols again
+/// at half a certificate's validity. Runs until `stop`.
+pub async fn follow(
+    channel: Arc<Channel>,
+    mut leases: watch::Receiver<Option<Lease>>,
+    own_identity: String,
+    token_file: PathBuf,
+    retry: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        let advert = leases
+            .borrow_and_update()
+            .as_ref()
+            .and_then(|lease| Advert::of(lease, &own_identity));
+        if let Some(advert) = advert {
+            let role = channel.role.borrow().clone();
+            let due = match &role {
+                Role::Leader { .. } => false,
+                Role::Waiting => true,
+                Role::Instance {
+                    term, enrolled_at, ..
+                } => *term != advert.term || enrolled_at.elapsed() > pki::NODE_CERT_VALIDITY / 2,
+            };
+            if due {
+                if role.instance_term().is_some_and(|term| term != advert.term) {
+                    // A new leader: the old term's calls are refused from now on.
+                    channel.role.send_replace(Role::Waiting);
+                }
+                match enroll(&advert, &token_file, &channel.own_node).await {
+                    Ok(role) => {
+                        info!(leader = %advert.holder, term = advert.term, node = %channel.own_node, "node channel: enrolled with the leader");
+                        channel.role.send_replace(role);
+                    }
+                    Err(error) => {
+                        warn!(leader = %advert.holder, term = advert.term, %error, "node channel: cannot enrol with the leader; retrying")
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = leases.changed() => {}
+            _ = tokio::time::sleep(retry) => {}
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Node-local mode (`run --mode=node-local`): the host runs as a DaemonSet. One
+//! instance is elected leader on the Lease, as in Deployment mode, and is the only one
+//! that watches and writes Kubernetes objects. Every instance serves the guest calls for
+//! its own node: the leader runs a call for its own node in process and sends any other
+//! to that node's instance over a mutually authenticated TLS channel.
+//!
+//! - [`pki`]: the leader's per-term CA and the certificates it issues;
+//! - [`enroll`]: how an instance gets its node's certificate (TokenReview of its
+//!   pod-bound token), and follows the leader's terms;
+//! - [`server`]: what each instance serves; [`client`]: the leader's calls;
+//! - [`instances`]: the leader's directory of instances (a watch of the DaemonSet's pods);
+//! - [`backends`]: where the controllers' guest calls run, in either mode;
+//! - [`wire`]: the messages.
+
+pub mod backends;
+pub mod client;
+pub mod enroll;
+pub mod instances;
+pub mod pki;
+pub mod server;
+pub mod wire;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+use wasm_provisioner_runtime::Runtime;
+
+pub use backends::Backends;
+
+use crate::metrics::Metrics;
+use client::Remote;
+use enroll::Enroller;
+use instances::Instances;
+use pki::Authority;
+use server::{Channel, Role};
+
+/// Node-local mode's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This instance's node (`--node-name`).
+    pub node_name: String,
+    /// This pod's IP, advertised to the instances when this process leads (`--pod-ip`).
+    pub pod_ip: IpAddr,
+    /// Where the channel listens (`--node-address`).
+    pub address: SocketAddr,
+    /// The projected ServiceAccount token (`--token-file`).
+    pub token_file: PathBuf,
+    /// The label selector of the instances' pods (`--instance-selector`).
+    pub instance_selector: String,
+    /// The host's namespace (the instances' pods and the Lease are there).
+    pub namespace: String,
+}
+
+/// One instance's part in node-local mode, from start to exit.
+pub struct NodeLocal {
+    settings: Settings,
+    channel: Arc<Channel>,
+    authority: Arc<Authority>,
+    leases: Arc<watch::Sender<Option<Lease>>>,
+    /// The channel's bound address.
+    pub bound: SocketAddr,
+}
+
+impl NodeLocal {
+    /// Binds the channel, and starts serving it and following the leader.
+    pub async fn start(
+        settings: Settings,
+        runtime: Arc<Runtime>,
+        identity: String,
+        retry: Duration,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(settings.address)
+            .await
+            .with_context(|| format!("binding the node channel's address {}", settings.address))?;
+        let bound = listener.local_addr()?;
+        let channel = Arc::new(Channel {
+            own_node: settings.node_name.clone(),
+            runtime,
+            role: watch::channel(Role::Waiting).0,
+        });
+        tokio::spawn(server::serve(listener, channel.clone(), stop.clone()));
+        let leases = Arc::new(watch::channel(None).0);
+        tokio::spawn(enroll::follow(
+            channel.clone(),
+            leases.subscribe(),
+            identity,
+            settings.token_file.clone(),
+            retry,
+            stop,
+        ));
+        info!(%bound, node = %settings.node_name, "node-local mode: serving the node channel");
+        Ok(Self {
+            authority: Arc::new(Authority::new().context("making the leader's CA")?),
+            settings,
+            channel,
+            leases,
+            bound,
+        })
+    }
+
+    /// What the election writes on the Lease when this process leads.
+    pub fn lease_annotations(&self) -> BTreeMap<String, String> {
+        let advertised = SocketAddr::new(self.settings.pod_ip, self.bound.port());
+        enroll::advert_annotations(&self.authority, advertised)
+    }
+
+    /// Where the election publishes each Lease it sees.
+    pub fn leases(&self) -> Arc<watch::Sender<Option<Lease>>> {
+        self.leases.clone()
+    }
+
+    /// This process leads in `term`: it enrols the instances and sends them the calls
+    /// for their nodes. The instances' watch runs until `stop`.
+    pub async fn lead(
+        &self,
+        client: Client,
+        term: i32,
+        metrics: Arc<Metrics>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Backends> {
+        let port = self.bound.port();
+        let instances = Instances::watch(
+            client.clone(),
+            &self.settings.namespace,
+            &self.settings.instance_selector,
+            port,
+            stop,
+        );
+        let enroller = Arc::new(Enroller {
+            client,
+            authority: self.authority.clone(),
+            instances: instances.clone(),
+            namespace: self.settings.namespace.clone(),
+            term,
+        });
+        self.channel.role.send_replace(Role::Leader {
+            config: self.authority.leader_server_config()?,
+            enroller,
+        });
+        let remote = Remote::new(
+            self.authority.leader_client_config()?,
+            term,
+            instances,
+            metrics,
+        );
+        info!(term, node = %self.settings.node_name, "node-local mode: leading; other nodes' calls go to their instances");
+        Ok(Backends::node_local(
+            self.settings.node_name.clone(),
+            remote,
+        ))
+    }
+}
