@@ -92,6 +92,8 @@ fn settings(namespace: &str, identity: &str) -> Settings {
         lease_duration: LEASE,
         renew_deadline: RENEW_DEADLINE,
         retry_period: RETRY,
+        annotations: Default::default(),
+        observed: None,
     }
 }
 

@@ -129,6 +129,11 @@ impl Authority {
         Ok(authority)
     }
 
+    /// The leader's own key and certificate.
+    pub fn leader(&self) -> &Identity {
+        &self.leader
+    }
+
     /// The CA certificate, as the Lease advertises it.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem

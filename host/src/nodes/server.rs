@@ -251,3 +251,130 @@ async fn call(channel: &Channel, term: i32, bytes: &[u8]) -> Response<Full<Bytes
         serde_json::to_vec(&answered).unwrap_or_default(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    //! The instance's refusals, over real TLS on loopback.
+    use super::*;
+    use crate::nodes::client::{connect, post};
+    use crate::nodes::pki::{Authority, client_config, instance_server_config, node_name};
+    use crate::nodes::wire::Request;
+    use wasm_provisioner_rules::types::CallContext;
+    use wasm_provisioner_runtime::RuntimeConfig;
+
+    const TERM: i32 = 3;
+
+    /// An instance of node-b enrolled in [`TERM`] with `authority`; its address.
+    async fn instance(authority: &Authority) -> SocketAddr {
+        let identity = authority.issue_node("node-b").unwrap();
+        let channel = Arc::new(Channel {
+            own_node: "node-b".into(),
+            runtime: Arc::new(Runtime::new(RuntimeConfig::default()).unwrap()),
+            role: watch::channel(Role::Instance {
+                config: instance_server_config(authority.ca_pem(), &identity).unwrap(),
+                term: TERM,
+                enrolled_at: Instant::now(),
+            })
+            .0,
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, channel, CancellationToken::new()));
+        address
+    }
+
+    fn call(term: i32, node: &str) -> Vec<u8> {
+        serde_json::to_vec(&NodeCall {
+            term,
+            module: "hostpath".into(),
+            request: Request::CheckPublishable {
+                context: CallContext {
+                    node: Some(node.into()),
+                },
+                volume_name: "pvc-1".into(),
+                pv: Box::default(),
+                module_mount_options: Vec::new(),
+            },
+        })
+        .unwrap()
+    }
+
+    async fn send(
+        config: Arc<rustls::ClientConfig>,
+        address: SocketAddr,
+        body: Vec<u8>,
+    ) -> Result<Bytes, String> {
+        let name = node_name("node-b");
+        let mut sender = connect(config, address, &name).await?;
+        post(&mut sender, &name, CALLS_PATH, body).await
+    }
+
+    #[tokio::test]
+    async fn the_leader_s_call_for_this_node_and_term_gets_through() {
+        let authority = Authority::new().unwrap();
+        let address = instance(&authority).await;
+        let leader = authority.leader_client_config().unwrap();
+        // Past every check: the module is what is missing here.
+        let error = send(leader, address, call(TERM, "node-b"))
+            .await
+            .unwrap_err();
+        assert!(
+            error.contains("503") && error.contains("not loaded"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_leader_s_call_is_refused() {
+        let authority = Authority::new().unwrap();
+        let address = instance(&authority).await;
+        let leader = authority.leader_client_config().unwrap();
+        let error = send(leader, address, call(TERM - 1, "node-b"))
+            .await
+            .unwrap_err();
+        assert!(error.contains("409") && error.contains("stale"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_call_for_another_node_is_refused() {
+        let authority = Authority::new().unwrap();
+        let address = instance(&authority).await;
+        let leader = authority.leader_client_config().unwrap();
+        let error = send(leader, address, call(TERM, "node-c"))
+            .await
+            .unwrap_err();
+        assert!(
+            error.contains("403") && error.contains("node-b only"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn another_instance_cannot_call_as_the_leader() {
+        let authority = Authority::new().unwrap();
+        let address = instance(&authority).await;
+        // A compromised node holds a valid certificate of the same CA, for its own node.
+        let node_a = authority.issue_node("node-a").unwrap();
+        let config = client_config(authority.ca_pem(), Some(&node_a)).unwrap();
+        let error = send(config, address, call(TERM, "node-b"))
+            .await
+            .unwrap_err();
+        assert!(
+            error.contains("403") && error.contains("only the leader"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_without_this_term_s_key_is_refused() {
+        let authority = Authority::new().unwrap();
+        let address = instance(&authority).await;
+        // Another CA's leader (a forged or earlier term's), trusting this instance.
+        let forged = Authority::new().unwrap();
+        let config = client_config(authority.ca_pem(), Some(forged.leader())).unwrap();
+        assert!(send(config, address, call(TERM, "node-b")).await.is_err());
+        // And no certificate at all.
+        let config = client_config(authority.ca_pem(), None).unwrap();
+        assert!(send(config, address, call(TERM, "node-b")).await.is_err());
+    }
+}

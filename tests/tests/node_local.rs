@@ -1,0 +1,326 @@
+//! Node-local mode on the real control plane: three "nodes" (Ready Node objects the
+//! scheduler uses), one host instance per node (each with its own data directory
+//! standing for its disk, and a pod object bound to its node whose pod-bound token it
+//! enrols with), 30 pods with WaitForFirstConsumer claims placed by kube-scheduler.
+//! Every volume must be made by the instance of the node its pod was scheduled to,
+//! recorded on its PV, and deleted there; a node whose instance is down keeps its claim
+//! Pending with an Event naming the node, and binds once the instance is back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod, ServiceAccount};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use wasm_provisioner_tests::cluster::wait_for;
+use wasm_provisioner_tests::fixture::{
+    Fixture, SCENARIO_LABEL, TEST_VOLUME_GRANTS, WAIT, scenario,
+};
+use wasm_provisioner_tests::host::{Host, HostConfig, free_port};
+
+const NODES: usize = 3;
+const PODS: usize = 30;
+const INSTANCE_ACCOUNT: &str = "wasm-provisioner";
+const INSTANCE_LABEL: (&str, &str) = ("app", "wasm-provisioner");
+
+/// One node's instance: its pod object, its data directory, how to start it.
+struct Instance {
+    node: String,
+    data: PathBuf,
+    config: HostConfig,
+}
+
+/// The hostname a PV's node affinity requires.
+fn affinity_node(pv: &PersistentVolume) -> Option<String> {
+    let terms = &pv
+        .spec
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms;
+    let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
+    requirement.values.as_ref()?.first().cloned()
+}
+
+async fn service_account(fx: &Fixture, name: &str) -> anyhow::Result<()> {
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace)
+        .create(&PostParams::default(), &account)
+        .await
+        .with_context(|| format!("creating ServiceAccount {name}"))?;
+    Ok(())
+}
+
+/// The DaemonSet's pod on `node`, as kubelet would report it (Running, with `ip`), and
+/// a token bound to it (what the projected volume would hold), written to `token`.
+async fn instance_pod(
+    fx: &Fixture,
+    index: usize,
+    node: &str,
+    ip: &str,
+    token: &Path,
+) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+    let name = format!("wasm-provisioner-{index}");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { INSTANCE_LABEL.0: INSTANCE_LABEL.1 } },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": INSTANCE_ACCOUNT,
+            "automountServiceAccountToken": false,
+            "containers": [{ "name": "host", "image": "wasm-provisioner:test" }],
+        },
+    }))?;
+    let pod = pods.create(&PostParams::default(), &pod).await?;
+    let status = json!({ "status": { "phase": "Running", "podIP": ip, "podIPs": [{ "ip": ip }] } });
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .with_context(|| format!("reporting pod {name} Running"))?;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec!["wasm-provisioner".into()],
+            bound_object_ref: Some(BoundObjectReference {
+                kind: Some("Pod".into()),
+                api_version: Some("v1".into()),
+                name: Some(name.clone()),
+                uid: pod.uid(),
+            }),
+            expiration_seconds: Some(3600),
+        },
+        ..Default::default()
+    };
+    let issued = Api::<ServiceAccount>::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace)
+        .create_token_request(INSTANCE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token bound to pod {name}"))?;
+    std::fs::write(token, issued.status.context("no token issued")?.token)?;
+    Ok(())
+}
+
+/// A grants file for one node: hostpath's `/volumes` is that node's data directory.
+fn node_grants(path: &Path, data: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(data)?;
+    let text = format!(
+        "allow:\n  directories: [{}]\nmodules:\n  hostpath:\n    directories:\n      - {{ host: {}, guest: /volumes, mode: read-write }}\n{TEST_VOLUME_GRANTS}",
+        data.parent().unwrap_or(data).display(),
+        data.display()
+    );
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
+/// A pod `name` that mounts claim `claim`, on one of the scenario's nodes (or on
+/// `node` when given).
+fn app_pod(fx: &Fixture, name: &str, claim: &str, node: Option<&str>) -> anyhow::Result<Pod> {
+    let mut selector = BTreeMap::from([(SCENARIO_LABEL.to_string(), fx.ctx.namespace.clone())]);
+    if let Some(node) = node {
+        selector.insert("kubernetes.io/hostname".into(), node.into());
+    }
+    Ok(serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeSelector": selector,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+            }],
+            "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }],
+        },
+    }))?)
+}
+
+async fn instances(fx: &Fixture, prefix: &str) -> anyhow::Result<Vec<Instance>> {
+    let port = free_port();
+    let mut instances = Vec::new();
+    for index in 0..NODES {
+        let node = format!("{prefix}-{index}");
+        fx.schedulable_node(&node).await?;
+        let ip = format!("127.0.0.{}", index + 2);
+        let dir = fx.root.join(&node);
+        let token = dir.join("token");
+        let grants = dir.join("grants.yaml");
+        let data = dir.join("data").join("hostpath");
+        std::fs::create_dir_all(&dir)?;
+        node_grants(&grants, &data)?;
+        instance_pod(fx, index, &node, &ip, &token).await?;
+        let mut config = fx.host_config(&[
+            "--leader-elect=true",
+            "--mode=node-local",
+            &format!("--node-name={node}"),
+            &format!("--pod-ip={ip}"),
+            &format!("--node-address={ip}:{port}"),
+            &format!("--token-file={}", token.display()),
+            &format!(
+                "--instance-selector={}={}",
+                INSTANCE_LABEL.0, INSTANCE_LABEL.1
+            ),
+            "--leader-election-lease-duration=6s",
+            "--leader-election-renew-deadline=4s",
+            "--leader-election-retry-period=1s",
+        ]);
+        config.grants = Some(grants);
+        config.log_dir = dir.join("logs");
+        instances.push(Instance { node, data, config });
+    }
+    Ok(instances)
+}
+
+/// The names of the volumes (directories) in a node's data directory.
+fn directories(data: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(data)
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("pvc-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn logs(hosts: &[Option<Host>]) -> String {
+    hosts
+        .iter()
+        .flatten()
+        .map(|host| host.log_tail())
+        .collect::<Vec<_>>()
+        .join("\n----\n")
+}
+
+#[tokio::test]
+async fn each_volume_is_made_and_deleted_by_its_node_s_instance() {
+    scenario("node-local", async |fx| {
+        let prefix = format!("nl-{}", fx.ctx.namespace);
+        let result = async {
+            service_account(fx, "default").await?;
+            service_account(fx, INSTANCE_ACCOUNT).await?;
+            fx.install_module("hostpath", "hostpath");
+            let instances = instances(fx, &prefix).await?;
+            let mut hosts: Vec<Option<Host>> = Vec::new();
+            for instance in &instances {
+                hosts.push(Some(Host::start(&instance.config)?));
+            }
+            let class = fx
+                .class(
+                    "hostpath",
+                    &[("nodePath", "/srv/volumes"), ("pvType", "local")],
+                    json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+                )
+                .await?;
+            let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+            for i in 0..PODS {
+                let claim = format!("data-{i}");
+                fx.claim(&claim, &class, "1Mi", json!({})).await?;
+                pods.create(&PostParams::default(), &app_pod(fx, &format!("app-{i}"), &claim, None)?)
+                    .await?;
+            }
+            let mut per_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for i in 0..PODS {
+                let (claim, pod_name) = (format!("data-{i}"), format!("app-{i}"));
+                let pv = fx.wait_bound(&claim).await.with_context(|| logs(&hosts))?;
+                let node = wait_for(&format!("pod {pod_name} to be bound to a node"), WAIT, || async {
+                    Ok(pods.get(&pod_name).await?.spec.and_then(|s| s.node_name))
+                })
+                .await?;
+                let recorded = pv.annotations().get("wasm-provisioner.dev/node").cloned();
+                ensure!(
+                    recorded.as_deref() == Some(node.as_str()) && affinity_node(&pv).as_deref() == Some(node.as_str()),
+                    "claim {claim}: its pod is on {node}, its PV {} records {recorded:?} and is pinned to {:?}",
+                    pv.name_any(),
+                    affinity_node(&pv)
+                );
+                per_node.entry(node).or_default().push(pv.name_any());
+            }
+            ensure!(per_node.len() >= 2, "the scheduler used one node only: {per_node:?}");
+            for instance in &instances {
+                let mut expected = per_node.get(&instance.node).cloned().unwrap_or_default();
+                expected.sort();
+                ensure!(
+                    directories(&instance.data) == expected,
+                    "node {}: its data directory holds {:?}, its volumes are {expected:?}",
+                    instance.node,
+                    directories(&instance.data)
+                );
+            }
+
+            // One node's instance down: its claim waits, with an Event naming the node;
+            // it binds once the instance is back. (Not the leader's node: the leader
+            // serves its own node in process.)
+            let leader = hosts
+                .iter()
+                .position(|host| host.as_ref().and_then(|h| h.metric("wasm_provisioner_leader")) == Some(1.0))
+                .context("no instance leads")?;
+            let down = (leader + 1) % NODES;
+            hosts[down].take().expect("running").kill();
+            fx.claim("waiting", &class, "1Mi", json!({})).await?;
+            pods.create(
+                &PostParams::default(),
+                &app_pod(fx, "app-waiting", "waiting", Some(&instances[down].node))?,
+            )
+            .await?;
+            let event = fx.wait_claim_event("waiting", "ProvisioningFailed").await.with_context(|| logs(&hosts))?;
+            ensure!(
+                event.contains(&instances[down].node),
+                "the Event does not name the node whose instance is down: {event}"
+            );
+            ensure!(
+                fx.claims().get("waiting").await?.status.and_then(|s| s.phase).as_deref() == Some("Pending"),
+                "the claim of the node whose instance is down must stay Pending"
+            );
+            hosts[down] = Some(Host::start(&instances[down].config)?);
+            let pv = fx.wait_bound("waiting").await.with_context(|| logs(&hosts))?;
+            ensure!(
+                directories(&instances[down].data).contains(&pv.name_any()),
+                "the volume was not made on node {}",
+                instances[down].node
+            );
+
+            // Deleting them removes each directory on its node.
+            let claims = fx.claims();
+            for i in 0..PODS {
+                pods.delete(&format!("app-{i}"), &DeleteParams::default().grace_period(0)).await?;
+                claims.delete(&format!("data-{i}"), &DeleteParams::default()).await?;
+            }
+            pods.delete("app-waiting", &DeleteParams::default().grace_period(0)).await?;
+            claims.delete("waiting", &DeleteParams::default()).await?;
+            for volumes in per_node.values() {
+                for volume in volumes {
+                    fx.wait_volume_gone(volume).await.with_context(|| logs(&hosts))?;
+                }
+            }
+            fx.wait_volume_gone(&pv.name_any()).await?;
+            for instance in &instances {
+                ensure!(
+                    directories(&instance.data).is_empty(),
+                    "node {} still holds {:?}",
+                    instance.node,
+                    directories(&instance.data)
+                );
+            }
+            for host in hosts.iter_mut().flatten() {
+                host.terminate(Duration::from_secs(20))?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        fx.delete_nodes(&prefix, NODES).await;
+        result
+    })
+    .await;
+}
