@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the bundled guests and copies them into deploy/modules/, where the kustomize
-# base (deploy/kustomization.yaml) makes the modules ConfigMap from them; prints that
-# directory. The copies are build output, not sources: deploy/modules/*.wasm is ignored
-# by git.
+# builds make the modules ConfigMap from them (deploy/modules/kustomization.yaml, which
+# deploy/ and deploy/node-local/ include); prints that directory. The copies are build
+# output, not sources: deploy/modules/*.wasm is ignored by git.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dist=$(bash "$here/../guests/build.sh" | tail -n 1)

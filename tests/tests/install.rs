@@ -1,7 +1,9 @@
 //! The production install, proven against the real API server (docs/install.md): the Helm chart
-//! (`helm lint`, `helm template` with default and non-default values), the kustomize base
-//! and its overlay, every rendered object applied with a server-side dry run, the chart's
-//! RBAC against `deploy/rbac.yaml`, the image tarball's metadata against the Deployment,
+//! (`helm lint`, `helm template` with default and non-default values, in either mode), the
+//! kustomize base and its overlays (node-local mode's among them), every rendered object
+//! applied with a server-side dry run, the chart's RBAC against `deploy/rbac.yaml` and
+//! node-local mode's against the overlay's, node-local mode's pod against deployment
+//! mode's, the image tarball's metadata against the Deployment,
 //! and the Deployment run from the image as kubelet would run it (provision, hot reload,
 //! probes) with the dashboard's and alerts' metrics checked on that host's `/metrics`.
 
@@ -167,6 +169,19 @@ fn non_default_values(dir: &Path) -> anyhow::Result<Vec<(String, std::path::Path
                              "image": { "reference": "registry.example.com/modules:1", "subPath": "modules" } },
             }),
         ),
+        (
+            "node-local mode, its own port and node-gone policy, a class that binds at once",
+            json!({
+                "mode": "node-local",
+                "nodeLocal": { "port": 9444, "nodeGonePolicy": "remove", "nodeGoneGrace": "30m" },
+                "storageClasses": [
+                    { "name": "local", "module": "hostpath",
+                      "parameters": { "nodePath": "/var/lib/wasm-provisioner/hostpath" } },
+                    { "name": "shared", "module": "nfs-subdir", "volumeBindingMode": "Immediate",
+                      "parameters": { "server": "nfs.example.com", "share": "/exports" } }],
+                "extraArgs": ["--capacity-poll-interval=30s"],
+            }),
+        ),
     ];
     let mut files = Vec::new();
     for (index, (what, values)) in sets.into_iter().enumerate() {
@@ -207,7 +222,13 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
         .expect("a namespace");
     let release = format!("wp-{}", random_suffix());
     let dir = tempfile::tempdir().unwrap();
-    let mut renders = vec![("default values".to_string(), vec![])];
+    let mut renders = vec![
+        ("default values".to_string(), vec![]),
+        (
+            "mode node-local".to_string(),
+            vec!["--set".to_string(), "mode=node-local".to_string()],
+        ),
+    ];
     for (what, path) in non_default_values(dir.path()).unwrap() {
         renders.push((what, vec!["-f".to_string(), path.display().to_string()]));
     }
@@ -220,11 +241,17 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
             .unwrap_or_else(|e| panic!("with {what}: {e:#}"));
         // The server kept what it was given: nothing dropped as unknown (an image volume
         // behind a disabled feature gate would be).
-        let deployment = applied
+        let node_local = workload(&objects)["kind"] == "DaemonSet";
+        let kind = if node_local {
+            "DaemonSet"
+        } else {
+            "Deployment"
+        };
+        let stored = applied
             .iter()
-            .find(|o| o["kind"] == "Deployment")
-            .expect("a Deployment");
-        let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+            .find(|o| o["kind"] == kind)
+            .unwrap_or_else(|| panic!("with {what}: the server returned no {kind}"));
+        let volumes = stored["spec"]["template"]["spec"]["volumes"]
             .as_array()
             .expect("volumes");
         let modules = volumes
@@ -237,6 +264,17 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
                 .any(|k| modules.get(*k).is_some()),
             "with {what}: the server stored a modules volume without a source: {modules}"
         );
+        if node_local {
+            let token = volumes
+                .iter()
+                .find(|v| v["name"] == "token")
+                .expect("a token volume");
+            assert_eq!(
+                token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+                "wasm-provisioner",
+                "with {what}: the server stored {token}"
+            );
+        }
         eprintln!(
             "helm template with {what}: {} objects accepted by a server-side dry run: {}",
             objects.len(),
@@ -249,7 +287,7 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
 #[test]
 fn bad_chart_values_fail_with_a_clear_message() {
     prepare_modules();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--set", "modules.source=git"],
             "modules.source must be files, configMap, image or initContainer",
@@ -269,6 +307,22 @@ fn bad_chart_values_fail_with_a_clear_message() {
         (
             &["--set", "storageClasses[0].name=x"],
             "class \"x\" has no module",
+        ),
+        (
+            &["--set", "mode=daemonset"],
+            "mode must be deployment or node-local, not \"daemonset\"",
+        ),
+        (
+            &["--set", "mode=node-local,leaderElection.enabled=false"],
+            "mode node-local needs leaderElection.enabled",
+        ),
+        (
+            &["--set", "mode=node-local,nodeLocal.nodeGonePolicy=delete"],
+            "nodeLocal.nodeGonePolicy must be keep or remove, not \"delete\"",
+        ),
+        (
+            &["--set", "mode=node-local,provisionerName=example.com/fast"],
+            "provisionerName must be a CSI driver name",
         ),
     ];
     for (args, expected) in cases {
@@ -296,24 +350,8 @@ fn rbac_essence(object: &Value) -> Value {
     essence
 }
 
-#[test]
-fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
-    prepare_modules();
-    // One source of truth: the chart's file is a link to deploy/rbac.yaml.
-    let link = repo_root().join("deploy/helm/wasm-provisioner/files/rbac.yaml");
-    assert_eq!(
-        std::fs::canonicalize(&link).unwrap(),
-        std::fs::canonicalize(repo_root().join("deploy/rbac.yaml")).unwrap(),
-        "{} must be a link to deploy/rbac.yaml",
-        link.display()
-    );
-    let file = std::fs::read_to_string(repo_root().join("deploy/rbac.yaml")).unwrap();
-    let expected: BTreeSet<String> = wasm_provisioner_tests::install::parse_documents(&file)
-        .unwrap()
-        .iter()
-        .map(|o| rbac_essence(o).to_string())
-        .collect();
-    let rendered = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+/// The essences of the RBAC objects among `objects`.
+fn rbac_of(objects: &[Value]) -> BTreeSet<String> {
     let kinds = [
         "ServiceAccount",
         "ClusterRole",
@@ -321,11 +359,36 @@ fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
         "Role",
         "RoleBinding",
     ];
-    let actual: BTreeSet<String> = rendered
+    objects
         .iter()
         .filter(|o| kinds.iter().any(|k| o["kind"] == *k))
         .map(|o| rbac_essence(o).to_string())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
+    prepare_modules();
+    // One source of truth per file: the chart's files are links to deploy/rbac.yaml and
+    // to node-local mode's deploy/node-local/rbac.yaml.
+    for (file, target) in [
+        ("rbac.yaml", "deploy/rbac.yaml"),
+        ("node-local-rbac.yaml", "deploy/node-local/rbac.yaml"),
+    ] {
+        let link = repo_root()
+            .join("deploy/helm/wasm-provisioner/files")
+            .join(file);
+        assert_eq!(
+            std::fs::canonicalize(&link).unwrap(),
+            std::fs::canonicalize(repo_root().join(target)).unwrap(),
+            "{} must be a link to {target}",
+            link.display()
+        );
+    }
+    let file = std::fs::read_to_string(repo_root().join("deploy/rbac.yaml")).unwrap();
+    let expected = rbac_of(&wasm_provisioner_tests::install::parse_documents(&file).unwrap());
+    let rendered = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+    let actual = rbac_of(&rendered);
     assert_eq!(
         actual, expected,
         "the chart's RBAC (release wasm-provisioner in namespace wasm-provisioner) differs from deploy/rbac.yaml"
@@ -338,6 +401,38 @@ fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
     let role = one(&other, "ClusterRole");
     let original = wasm_provisioner_tests::install::parse_documents(&file).unwrap();
     assert_eq!(role["rules"], one(&original, "ClusterRole")["rules"]);
+
+    // Node-local mode: the same plus deploy/node-local/rbac.yaml, which is what the
+    // node-local overlay grants.
+    let node_local_file =
+        std::fs::read_to_string(repo_root().join("deploy/node-local/rbac.yaml")).unwrap();
+    let added =
+        rbac_of(&wasm_provisioner_tests::install::parse_documents(&node_local_file).unwrap());
+    assert!(
+        !added.is_empty() && added.is_disjoint(&expected),
+        "deploy/node-local/rbac.yaml adds nothing to deploy/rbac.yaml"
+    );
+    let chart = rbac_of(
+        &helm_template(
+            "wasm-provisioner",
+            "wasm-provisioner",
+            &["--set", "mode=node-local"],
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        chart,
+        expected.union(&added).cloned().collect::<BTreeSet<_>>(),
+        "the chart's RBAC in node-local mode is not deploy/rbac.yaml's and deploy/node-local/rbac.yaml's"
+    );
+    let overlay =
+        rbac_of(&kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}")));
+    assert_eq!(
+        chart, overlay,
+        "the chart's RBAC in node-local mode differs from the node-local overlay's"
+    );
+    // Deployment mode grants none of it.
+    assert!(actual.is_disjoint(&added));
 }
 
 #[test]
@@ -361,6 +456,7 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
     let base = kustomize_build("deploy").unwrap_or_else(|e| panic!("{e:#}"));
     let overlay =
         kustomize_build("examples/second-provisioner").unwrap_or_else(|e| panic!("{e:#}"));
+    let node_local = kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}"));
 
     // The modules ConfigMap holds the built guests, byte for byte, and keeps its name
     // (hot reload); the grants ConfigMap is deploy/grants/grants.yaml under a hashed name
@@ -424,15 +520,50 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
         assert_eq!(class["provisioner"], "second.wasm-provisioner.dev");
     }
 
+    // Node-local mode: the base's ConfigMaps (the same names: the DaemonSet follows the
+    // hashed grants), a DaemonSet and no Deployment (checked further by
+    // `node_local_mode_renders_a_daemon_set_a_csi_driver_and_waiting_classes`).
+    assert_eq!(
+        of_kind(&node_local, "ConfigMap"),
+        of_kind(&base, "ConfigMap"),
+        "the node-local overlay's ConfigMaps differ from the base's"
+    );
+    let daemon_set = one(&node_local, "DaemonSet");
+    assert!(
+        daemon_set["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["configMap"]["name"] == grants["metadata"]["name"]),
+        "the DaemonSet mounts the hashed grants ConfigMap"
+    );
+    assert!(of_kind(&node_local, "Deployment").is_empty());
+
+    // One namespace may serve two builds (deploy/ and deploy/node-local/): the ones made
+    // are deleted after every dry run, as a namespace being deleted takes no objects.
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    for (what, objects) in [("deploy/", &base), ("the overlay", &overlay)] {
-        let result = dry_run_all(&client, objects).await;
-        if let Ok((_, created)) = &result {
-            for namespace in created {
-                let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
+    let mut made = Vec::new();
+    let mut failure = None;
+    for (what, objects) in [
+        ("deploy/", &base),
+        ("the overlay", &overlay),
+        ("deploy/node-local/", &node_local),
+    ] {
+        match dry_run_all(&client, objects).await {
+            Ok((_, created)) => made.extend(created),
+            Err(error) => {
+                failure = Some(format!("kustomize build {what}: {error:#}"));
+                break;
             }
         }
-        result.unwrap_or_else(|e| panic!("kustomize build {what}: {e:#}"));
+    }
+    for namespace in made {
+        let _ = namespaces
+            .delete(&namespace, &DeleteParams::default())
+            .await;
+    }
+    if let Some(failure) = failure {
+        panic!("{failure}");
     }
 }
 
@@ -569,6 +700,235 @@ fn the_chart_s_defaults_are_the_host_s_and_the_base_s() {
             "the chart's and the kustomize base's container {field} differ"
         );
     }
+}
+
+/// The one Deployment or DaemonSet of a render: the host's pods.
+fn workload(objects: &[Value]) -> &Value {
+    let found: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet")
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one Deployment or DaemonSet, found: {}",
+        found
+            .iter()
+            .map(|o| describe(o))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    found[0]
+}
+
+/// What node-local mode adds to deployment mode's pod: the entries of the DaemonSet's
+/// container args, env, ports and volume mounts, and of its pod's volumes, after the
+/// Deployment's (which they must start with), as `{"args": [...], "env": [...], ...}`.
+/// Any other difference between the two pod templates is an error.
+fn node_local_additions(deployment: &Value, daemon_set: &Value) -> Result<Value, String> {
+    let deployment_pod = &deployment["spec"]["template"];
+    let mut rest = daemon_set["spec"]["template"].clone();
+    let mut additions = json!({});
+    for (name, pointer) in [
+        ("args", "/spec/containers/0/args"),
+        ("env", "/spec/containers/0/env"),
+        ("ports", "/spec/containers/0/ports"),
+        ("volumeMounts", "/spec/containers/0/volumeMounts"),
+        ("volumes", "/spec/volumes"),
+    ] {
+        let before = deployment_pod
+            .pointer(pointer)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let after = rest
+            .pointer_mut(pointer)
+            .and_then(Value::as_array_mut)
+            .ok_or(format!("the DaemonSet's pod has no {name}"))?;
+        if !after.starts_with(&before) {
+            return Err(format!(
+                "the DaemonSet's {name} do not start with the Deployment's: {}\nversus {}",
+                Value::Array(after.clone()),
+                Value::Array(before)
+            ));
+        }
+        additions[name] = Value::Array(after.split_off(before.len()));
+    }
+    if &rest != deployment_pod {
+        return Err(format!(
+            "the pods differ in more than the node-local additions:\nDaemonSet, without them: {rest}\nDeployment: {deployment_pod}"
+        ));
+    }
+    Ok(additions)
+}
+
+/// Node-local mode runs the pod of deployment mode plus the channel, the same in the
+/// chart and the kustomize overlay: a change to the base's pod that the DaemonSet
+/// misses, or an addition one of them lacks, fails here.
+#[test]
+fn node_local_mode_runs_deployment_mode_s_pod_plus_the_channel() {
+    prepare_modules();
+    let build = |dir: &str| kustomize_build(dir).unwrap_or_else(|e| panic!("{e:#}"));
+    let template = |args: &[&str]| {
+        helm_template("wasm-provisioner", "wasm-provisioner", args)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let renders = [
+        (
+            "the kustomize overlay",
+            build("deploy"),
+            build("deploy/node-local"),
+        ),
+        (
+            "the chart",
+            template(&[]),
+            template(&["--set", "mode=node-local"]),
+        ),
+    ];
+    let mut found = Vec::new();
+    for (what, deployment_mode, node_local_mode) in &renders {
+        let daemon_set = one(node_local_mode, "DaemonSet");
+        let mut additions = node_local_additions(one(deployment_mode, "Deployment"), daemon_set)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        // --instance-selector selects the DaemonSet's pods (the chart's carry the
+        // release's labels, so its value is the chart's own).
+        let args = additions["args"].as_array_mut().unwrap();
+        let position = args
+            .iter()
+            .position(|a| a.as_str().unwrap().starts_with("--instance-selector="))
+            .unwrap_or_else(|| panic!("{what}: no --instance-selector"));
+        let selector = args.remove(position);
+        let given: BTreeSet<&str> = selector.as_str().unwrap()["--instance-selector=".len()..]
+            .split(',')
+            .collect();
+        let wanted: BTreeSet<String> = daemon_set["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(key, value)| format!("{key}={}", value.as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            given,
+            wanted.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+            "{what}: {selector} does not select the DaemonSet's pods"
+        );
+        assert_eq!(
+            daemon_set["spec"]["updateStrategy"],
+            json!({ "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1 } }),
+            "{what}"
+        );
+        found.push(additions);
+    }
+    assert_eq!(
+        found[0], found[1],
+        "the chart's node-local additions differ from the overlay's"
+    );
+    // What they are (docs/install.md, "Node-local mode"; the host's flags and defaults):
+    // the mode, the channel's address and port, the pod's IP for enrolment, the
+    // projected pod-bound token at --token-file's default, the node-gone policy.
+    assert_eq!(
+        found[0],
+        json!({
+            "args": ["--mode=node-local", "--node-address=0.0.0.0:9443",
+                     "--node-gone-policy=keep", "--node-gone-grace=1h"],
+            "env": [{ "name": "WASM_PROVISIONER_POD_IP",
+                      "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } }],
+            "ports": [{ "name": "node-calls", "containerPort": 9443 }],
+            "volumeMounts": [{ "name": "token", "mountPath": "/var/run/secrets/wasm-provisioner",
+                               "readOnly": true }],
+            "volumes": [{ "name": "token", "projected": { "sources": [{ "serviceAccountToken": {
+                "audience": "wasm-provisioner", "expirationSeconds": 3600, "path": "token" } }] } }],
+        })
+    );
+}
+
+/// Node-local mode, in the overlay and in the chart: a DaemonSet and no Deployment nor
+/// PodDisruptionBudget, the CSIDriver that makes the scheduler read the published
+/// capacity, named as the classes' provisioner, and every class WaitForFirstConsumer.
+/// The chart takes the port and the node-gone policy from its values, and a class's own
+/// binding mode wins; deployment mode renders none of it.
+#[test]
+fn node_local_mode_renders_a_daemon_set_a_csi_driver_and_waiting_classes() {
+    prepare_modules();
+    let overlay = kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}"));
+    let chart = helm_template(
+        "wasm-provisioner",
+        "wasm-provisioner",
+        &["--set", "mode=node-local"],
+    )
+    .unwrap();
+    for (what, objects) in [("the overlay", &overlay), ("the chart", &chart)] {
+        assert!(
+            of_kind(objects, "Deployment").is_empty(),
+            "{what}: a Deployment"
+        );
+        assert!(
+            of_kind(objects, "PodDisruptionBudget").is_empty(),
+            "{what}: a PodDisruptionBudget"
+        );
+        assert_eq!(workload(objects)["kind"], "DaemonSet");
+        let driver = one(objects, "CSIDriver");
+        assert_eq!(
+            driver["spec"],
+            json!({ "attachRequired": false, "podInfoOnMount": false, "storageCapacity": true,
+                    "volumeLifecycleModes": ["Persistent"] }),
+            "{what}"
+        );
+        let classes = of_kind(objects, "StorageClass");
+        assert_eq!(classes.len(), 2, "{what}: the two example classes");
+        for class in classes {
+            let name = &class["metadata"]["name"];
+            assert_eq!(
+                class["volumeBindingMode"], "WaitForFirstConsumer",
+                "{what}: class {name}"
+            );
+            assert_eq!(
+                class["provisioner"], driver["metadata"]["name"],
+                "{what}: class {name} and the CSIDriver name different provisioners"
+            );
+        }
+    }
+
+    let custom = helm_template(
+        "wp",
+        "elsewhere",
+        &[
+            "--set",
+            "mode=node-local,nodeLocal.port=9444,nodeLocal.nodeGonePolicy=remove,nodeLocal.nodeGoneGrace=30m",
+            "--set",
+            "storageClasses[0].name=shared,storageClasses[0].module=nfs-subdir,storageClasses[0].volumeBindingMode=Immediate",
+        ],
+    )
+    .unwrap();
+    let container = &one(&custom, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    let args = container["args"].as_array().unwrap();
+    for arg in [
+        "--node-address=0.0.0.0:9444",
+        "--node-gone-policy=remove",
+        "--node-gone-grace=30m",
+    ] {
+        assert!(args.contains(&json!(arg)), "no {arg} in {args:?}");
+    }
+    assert!(
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({ "name": "node-calls", "containerPort": 9444 }))
+    );
+    assert_eq!(
+        one(&custom, "StorageClass")["volumeBindingMode"],
+        "Immediate"
+    );
+
+    let deployment_mode = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+    assert_eq!(workload(&deployment_mode)["kind"], "Deployment");
+    assert!(of_kind(&deployment_mode, "CSIDriver").is_empty());
+    one(&deployment_mode, "PodDisruptionBudget");
+    let nfs = of_kind(&deployment_mode, "StorageClass")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == "wasm-nfs-subdir")
+        .expect("the nfs-subdir class");
+    assert_eq!(nfs["volumeBindingMode"], "Immediate");
 }
 
 /// A component with a custom section appended: the same guest, a new version (sha256).

@@ -21,6 +21,15 @@ app.kubernetes.io/name: {{ include "wasm-provisioner.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The selector labels as a label selector (node-local mode's --instance-selector). */}}
+{{- define "wasm-provisioner.selector" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := include "wasm-provisioner.selectorLabels" . | fromYaml -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
+
 {{- define "wasm-provisioner.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "wasm-provisioner.selectorLabels" . }}
