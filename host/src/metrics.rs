@@ -266,6 +266,9 @@ pub struct Metrics {
     /// Node-local mode: guest calls the leader sent to another node's instance, by
     /// outcome ("ok" or "unreachable").
     pub node_call_duration: HistogramVec,
+    /// Node-local mode: PV objects removed without deleting their backend volume, by
+    /// reason ("node_gone").
+    pub volumes_abandoned: IntCounterVec,
     /// Items waiting or retrying in each queue (claims, volumes).
     pub queue_depth: IntGaugeVec,
     /// Items waiting for a worker of their module's share, by module and queue.
@@ -379,6 +382,11 @@ impl Metrics {
                 "Seconds one guest call took (fresh instance, call, answer checks)",
                 &["module", "call", "outcome"],
                 DEFAULT_BUCKETS,
+            ),
+            volumes_abandoned: counter(
+                "wasm_provisioner_volumes_abandoned_total",
+                "PV objects removed without deleting their backend volume (node-local mode, --node-gone-policy=remove), by reason",
+                &["reason"],
             ),
             node_call_duration: histogram(
                 "wasm_provisioner_node_call_duration_seconds",

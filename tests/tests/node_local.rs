@@ -143,10 +143,16 @@ fn app_pod(fx: &Fixture, name: &str, claim: &str, node: Option<&str>) -> anyhow:
     }))?)
 }
 
-async fn instances(fx: &Fixture, prefix: &str) -> anyhow::Result<Vec<Instance>> {
+/// `count` nodes and their instances (not started), with `extra` flags.
+async fn instances(
+    fx: &Fixture,
+    prefix: &str,
+    count: usize,
+    extra: &[&str],
+) -> anyhow::Result<Vec<Instance>> {
     let port = free_port();
     let mut instances = Vec::new();
-    for index in 0..NODES {
+    for index in 0..count {
         let node = format!("{prefix}-{index}");
         fx.schedulable_node(&node).await?;
         let ip = format!("127.0.0.{}", index + 2);
@@ -157,7 +163,7 @@ async fn instances(fx: &Fixture, prefix: &str) -> anyhow::Result<Vec<Instance>> 
         std::fs::create_dir_all(&dir)?;
         node_grants(&grants, &data)?;
         instance_pod(fx, index, &node, &ip, &token).await?;
-        let mut config = fx.host_config(&[
+        let mut args = vec![
             "--leader-elect=true",
             "--mode=node-local",
             &format!("--node-name={node}"),
@@ -171,7 +177,13 @@ async fn instances(fx: &Fixture, prefix: &str) -> anyhow::Result<Vec<Instance>> 
             "--leader-election-lease-duration=6s",
             "--leader-election-renew-deadline=4s",
             "--leader-election-retry-period=1s",
-        ]);
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut config = fx.host_config(&args);
         config.grants = Some(grants);
         config.log_dir = dir.join("logs");
         instances.push(Instance { node, data, config });
@@ -194,6 +206,18 @@ fn directories(data: &Path) -> Vec<String> {
     names
 }
 
+/// Which of the running hosts leads.
+fn leader(hosts: &[Option<Host>]) -> anyhow::Result<usize> {
+    hosts
+        .iter()
+        .position(|host| {
+            host.as_ref()
+                .and_then(|h| h.metric("wasm_provisioner_leader"))
+                == Some(1.0)
+        })
+        .context("no instance leads")
+}
+
 fn logs(hosts: &[Option<Host>]) -> String {
     hosts
         .iter()
@@ -211,7 +235,7 @@ async fn each_volume_is_made_and_deleted_by_its_node_s_instance() {
             service_account(fx, "default").await?;
             service_account(fx, INSTANCE_ACCOUNT).await?;
             fx.install_module("hostpath", "hostpath");
-            let instances = instances(fx, &prefix).await?;
+            let instances = instances(fx, &prefix, NODES, &[]).await?;
             let mut hosts: Vec<Option<Host>> = Vec::new();
             for instance in &instances {
                 hosts.push(Some(Host::start(&instance.config)?));
@@ -248,6 +272,12 @@ async fn each_volume_is_made_and_deleted_by_its_node_s_instance() {
                 per_node.entry(node).or_default().push(pv.name_any());
             }
             ensure!(per_node.len() >= 2, "the scheduler used one node only: {per_node:?}");
+            let leader = leader(&hosts)?;
+            let sent = hosts[leader]
+                .as_ref()
+                .and_then(|host| host.metric(r#"wasm_provisioner_node_call_duration_seconds_count{outcome="ok"}"#))
+                .unwrap_or(0.0);
+            ensure!(sent > 0.0, "the leader sent no call to another node's instance");
             for instance in &instances {
                 let mut expected = per_node.get(&instance.node).cloned().unwrap_or_default();
                 expected.sort();
@@ -262,10 +292,6 @@ async fn each_volume_is_made_and_deleted_by_its_node_s_instance() {
             // One node's instance down: its claim waits, with an Event naming the node;
             // it binds once the instance is back. (Not the leader's node: the leader
             // serves its own node in process.)
-            let leader = hosts
-                .iter()
-                .position(|host| host.as_ref().and_then(|h| h.metric("wasm_provisioner_leader")) == Some(1.0))
-                .context("no instance leads")?;
             let down = (leader + 1) % NODES;
             hosts[down].take().expect("running").kill();
             fx.claim("waiting", &class, "1Mi", json!({})).await?;
@@ -320,6 +346,119 @@ async fn each_volume_is_made_and_deleted_by_its_node_s_instance() {
         }
         .await;
         fx.delete_nodes(&prefix, NODES).await;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_volumes_of_a_deleted_node_are_never_deleted_elsewhere() {
+    scenario("node-gone", async |fx| {
+        let prefix = format!("ng-{}", fx.ctx.namespace);
+        let result = async {
+            service_account(fx, "default").await?;
+            service_account(fx, INSTANCE_ACCOUNT).await?;
+            fx.install_module("hostpath", "hostpath");
+            let instances = instances(
+                fx,
+                &prefix,
+                2,
+                &["--node-gone-policy=remove", "--node-gone-grace=3s"],
+            )
+            .await?;
+            let mut hosts: Vec<Option<Host>> = Vec::new();
+            for instance in &instances {
+                hosts.push(Some(Host::start(&instance.config)?));
+            }
+            // Give the election its first round, so the leader is known.
+            let leader = wait_for("an instance to lead", WAIT, || async {
+                Ok(leader(&hosts).ok())
+            })
+            .await?;
+            let gone = &instances[(leader + 1) % 2];
+            let class = fx
+                .class(
+                    "hostpath",
+                    &[("nodePath", "/srv/volumes"), ("pvType", "local")],
+                    json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+                )
+                .await?;
+            let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+            fx.claim("data", &class, "1Mi", json!({})).await?;
+            pods.create(
+                &PostParams::default(),
+                &app_pod(fx, "app", "data", Some(&gone.node))?,
+            )
+            .await?;
+            let pv = fx.wait_bound("data").await.with_context(|| logs(&hosts))?;
+            let volume = pv.name_any();
+            ensure!(
+                directories(&gone.data) == vec![volume.clone()],
+                "the volume is not on {}",
+                gone.node
+            );
+
+            // The node is deleted (its instance with it).
+            hosts[(leader + 1) % 2].take().expect("running").kill();
+            Api::<k8s_openapi::api::core::v1::Node>::all(fx.ctx.client.clone())
+                .delete(&gone.node, &DeleteParams::default())
+                .await?;
+            let events = wait_for("the NodeGone Event on the PV", WAIT, || async {
+                let events = fx.events("default", &volume).await?;
+                Ok(events
+                    .iter()
+                    .any(|(reason, _)| reason == "NodeGone")
+                    .then_some(events))
+            })
+            .await
+            .with_context(|| logs(&hosts))?;
+            let note = &events
+                .iter()
+                .find(|(reason, _)| reason == "NodeGone")
+                .expect("found")
+                .1;
+            ensure!(
+                note.contains(&gone.node) && note.contains("policy remove"),
+                "{note}"
+            );
+            // Policy remove: after the grace period the PV object goes (once its claim
+            // is gone too: pv-protection keeps a Bound PV), recorded as abandoned; its
+            // directory stays on the gone node's disk, untouched.
+            // (kube-controller-manager's pod GC may have removed the pod of the gone node.)
+            let _ = pods
+                .delete("app", &DeleteParams::default().grace_period(0))
+                .await;
+            fx.claims().delete("data", &DeleteParams::default()).await?;
+            fx.wait_volume_gone(&volume)
+                .await
+                .with_context(|| logs(&hosts))?;
+            let events = fx.events("default", &volume).await?;
+            ensure!(
+                events
+                    .iter()
+                    .any(|(reason, note)| reason == "VolumeAbandoned"
+                        && note.contains("could not be cleaned")),
+                "no VolumeAbandoned Event: {events:?}"
+            );
+            ensure!(
+                directories(&gone.data) == vec![volume.clone()],
+                "the gone node's data was touched: {:?}",
+                directories(&gone.data)
+            );
+            let abandoned = hosts[leader].as_ref().and_then(|host| {
+                host.metric(r#"wasm_provisioner_volumes_abandoned_total{reason="node_gone"}"#)
+            });
+            ensure!(
+                abandoned == Some(1.0),
+                "abandoned volumes counted: {abandoned:?}"
+            );
+            for host in hosts.iter_mut().flatten() {
+                host.terminate(Duration::from_secs(20))?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        fx.delete_nodes(&prefix, 2).await;
         result
     })
     .await;

@@ -173,6 +173,11 @@ pub const REASON_VOLUME_RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
 /// Warning, on the claim: the volume could not be expanded (the module's message, a
 /// module that cannot expand, a shrink); retried as the answer says.
 pub const REASON_VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
+/// Node-local mode: the Node a volume was made on was deleted (Warning, on the PV).
+pub const REASON_NODE_GONE: &str = "NodeGone";
+/// Node-local mode, policy `remove`: the PV of a gone node removed without cleaning its
+/// backend volume (Warning, on the PV).
+pub const REASON_VOLUME_ABANDONED: &str = "VolumeAbandoned";
 
 /// Namespace of Events about cluster-scoped objects (PVs).
 pub const EVENT_NAMESPACE_CLUSTER_SCOPED: &str = "default";

@@ -11,6 +11,7 @@ use wasm_provisioner_rules::names;
 use wasm_provisioner_runtime::{Grants, GrantsError, RuntimeConfig};
 
 use crate::controller::faults::Step;
+use crate::controller::gone_nodes::Policy;
 use crate::controller::{self, Faults, Settings};
 use crate::leader;
 
@@ -311,6 +312,7 @@ pub const DEFAULT_CAPACITY_POLL_INTERVAL: &str = "60s";
 pub const DEFAULT_NODE_ADDRESS: &str = "0.0.0.0:9443";
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/wasm-provisioner/token";
 pub const DEFAULT_INSTANCE_SELECTOR: &str = "app=wasm-provisioner";
+pub const DEFAULT_NODE_GONE_GRACE: &str = "1h";
 
 /// How the host is deployed (`--mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -429,6 +431,18 @@ pub struct ControllerArgs {
     #[arg(long, env = "WASM_PROVISIONER_INSTANCE_SELECTOR", default_value = DEFAULT_INSTANCE_SELECTOR)]
     pub instance_selector: String,
 
+    /// Node-local mode: what becomes of the PVs of a Node that was deleted (their data
+    /// is on its disk; no other node deletes it). `keep`: a Warning Event, and the PVs
+    /// stay for the admin. `remove`: after --node-gone-grace, the PV objects are removed
+    /// without cleaning the backend, with a Warning Event saying so.
+    #[arg(long, env = "WASM_PROVISIONER_NODE_GONE_POLICY", value_enum, default_value_t = Policy::Keep)]
+    pub node_gone_policy: Policy,
+
+    /// Node-local mode: how long a Node must be gone before `--node-gone-policy=remove`
+    /// removes its PVs.
+    #[arg(long, env = "WASM_PROVISIONER_NODE_GONE_GRACE", default_value = DEFAULT_NODE_GONE_GRACE, value_parser = humantime::parse_duration)]
+    pub node_gone_grace: Duration,
+
     /// Average Kubernetes API requests per second of this process.
     #[arg(long, env = "WASM_PROVISIONER_KUBE_API_QPS", default_value_t = DEFAULT_KUBE_API_QPS)]
     pub kube_api_qps: u32,
@@ -508,6 +522,8 @@ impl ControllerArgs {
             provision_before_binder: self.provision_before_binder,
             event_max_delay: self.event_max_delay,
             node_name: self.node_name.clone().filter(|name| !name.is_empty()),
+            node_gone_policy: self.node_gone_policy,
+            node_gone_grace: self.node_gone_grace,
             // A zero interval would poll in a busy loop.
             capacity_poll_interval: self
                 .capacity_poll_interval

@@ -14,6 +14,7 @@ mod events;
 pub mod expansion;
 pub mod faults;
 mod finalizers;
+pub mod gone_nodes;
 mod journal;
 mod pool_full;
 mod recent;
@@ -90,6 +91,10 @@ pub struct Settings {
     pub capacity_poll_interval: Duration,
     /// The node this host runs on (`--node-name`), told to guests as their calls' node.
     pub node_name: Option<String>,
+    /// Node-local mode: what becomes of the PVs of a deleted Node ([`gone_nodes`]).
+    pub node_gone_policy: gone_nodes::Policy,
+    /// Node-local mode: how long a Node is gone before policy `remove` acts.
+    pub node_gone_grace: Duration,
 }
 
 /// The node recorded on a PV made in node-local mode (`wasm-provisioner.dev/node`).
@@ -615,6 +620,7 @@ pub async fn run(
         ready_once_synced(&context, &health, caches_synced_tx, &stop),
         gauge_queues(&context, &stop),
         sweep_journal_every(&context, &stop),
+        gone_nodes::run(&context, &stop),
         class_loops,
     );
     context.class_checks.stand_down();
