@@ -150,6 +150,18 @@ async fn instances(
     count: usize,
     extra: &[&str],
 ) -> anyhow::Result<Vec<Instance>> {
+    instances_on(fx, prefix, count, extra, |_| None).await
+}
+
+/// [`instances`], node `i`'s data directory under `data_root(i)` when given (another
+/// filesystem, standing for another disk).
+async fn instances_on(
+    fx: &Fixture,
+    prefix: &str,
+    count: usize,
+    extra: &[&str],
+    data_root: impl Fn(usize) -> Option<PathBuf>,
+) -> anyhow::Result<Vec<Instance>> {
     let port = free_port();
     let mut instances = Vec::new();
     for index in 0..count {
@@ -159,7 +171,9 @@ async fn instances(
         let dir = fx.root.join(&node);
         let token = dir.join("token");
         let grants = dir.join("grants.yaml");
-        let data = dir.join("data").join("hostpath");
+        let data = data_root(index)
+            .unwrap_or_else(|| dir.join("data"))
+            .join("hostpath");
         std::fs::create_dir_all(&dir)?;
         node_grants(&grants, &data)?;
         instance_pod(fx, index, &node, &ip, &token).await?;
@@ -458,6 +472,150 @@ async fn the_volumes_of_a_deleted_node_are_never_deleted_elsewhere() {
             anyhow::Ok(())
         }
         .await;
+        fx.delete_nodes(&prefix, 2).await;
+        result
+    })
+    .await;
+}
+
+/// The bytes available on the filesystem of `path` (`df`).
+fn available_bytes(path: &Path) -> anyhow::Result<u64> {
+    let output = std::process::Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(path)
+        .output()
+        .context("running df")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .nth(1)
+        .and_then(|line| line.trim().parse().ok())
+        .with_context(|| format!("df said {text:?} of {}", path.display()))
+}
+
+#[tokio::test]
+async fn the_scheduler_places_no_pod_on_a_node_with_too_little_capacity() {
+    scenario("node-capacity", async |fx| {
+        let prefix = format!("nc-{}", fx.ctx.namespace);
+        // Node 0's disk is /dev/shm (a tmpfs), node 1's the test's temporary directory:
+        // two filesystems with different free space. The claims ask for a size between.
+        let small_root = PathBuf::from("/dev/shm").join(format!("wasm-provisioner-{}", fx.ctx.namespace));
+        std::fs::create_dir_all(&small_root)?;
+        let (small, large) = (available_bytes(&small_root)?, available_bytes(&fx.root)?);
+        ensure!(
+            large > small + small / 5,
+            "this test needs /dev/shm ({small} bytes free) to have less room than {} ({large} bytes free)",
+            fx.root.display()
+        );
+        let size = small + (large - small) / 2;
+        let driver = fx.provisioner.clone();
+        let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(fx.ctx.client.clone());
+        let result = async {
+            service_account(fx, "default").await?;
+            service_account(fx, INSTANCE_ACCOUNT).await?;
+            fx.install_module("hostpath", "hostpath");
+            // The scheduler consults CSIStorageCapacity for this provisioner only once
+            // a CSIDriver of its name says so (the node-local manifests ship it).
+            drivers
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": { "name": driver },
+                        "spec": { "attachRequired": false, "podInfoOnMount": false, "storageCapacity": true, "volumeLifecycleModes": ["Persistent"] },
+                    }))?,
+                )
+                .await?;
+            let root = small_root.clone();
+            let instances = instances_on(
+                fx,
+                &prefix,
+                2,
+                &["--capacity-poll-interval=2s"],
+                move |index| (index == 0).then(|| root.clone()),
+            )
+            .await?;
+            let mut hosts: Vec<Option<Host>> = Vec::new();
+            for instance in &instances {
+                hosts.push(Some(Host::start(&instance.config)?));
+            }
+            let class = fx
+                .class(
+                    "hostpath",
+                    &[("nodePath", "/srv/volumes"), ("pvType", "local")],
+                    json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+                )
+                .await?;
+            let capacities: Api<k8s_openapi::api::storage::v1::CSIStorageCapacity> =
+                Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+            let published = wait_for("one CSIStorageCapacity per node of the class", WAIT, || async {
+                let list = capacities.list(&Default::default()).await?;
+                let of_class: Vec<_> = list.items.into_iter().filter(|c| c.storage_class_name == class).collect();
+                Ok((of_class.len() == 2).then_some(of_class))
+            })
+            .await
+            .with_context(|| logs(&hosts))?;
+            for object in &published {
+                let node = object
+                    .node_topology
+                    .as_ref()
+                    .and_then(|t| t.match_labels.as_ref())
+                    .and_then(|l| l.get("kubernetes.io/hostname"))
+                    .cloned()
+                    .context("no node topology")?;
+                let capacity: u64 = object.capacity.as_ref().context("no capacity")?.0.parse().unwrap_or(0);
+                let room = if node == instances[0].node { small } else { large };
+                // Free space moves a little while the test runs.
+                ensure!(
+                    capacity.abs_diff(room) < room / 20 + (64 << 20),
+                    "node {node}: published {capacity} bytes, df says {room}"
+                );
+            }
+            let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+            for i in 0..4 {
+                let claim = format!("big-{i}");
+                fx.claim(&claim, &class, &size.to_string(), json!({})).await?;
+                pods.create(&PostParams::default(), &app_pod(fx, &format!("app-{i}"), &claim, None)?)
+                    .await?;
+            }
+            for i in 0..4 {
+                let pv = fx.wait_bound(&format!("big-{i}")).await.with_context(|| logs(&hosts))?;
+                ensure!(
+                    affinity_node(&pv).as_deref() == Some(instances[1].node.as_str()),
+                    "a claim of {size} bytes went to {:?}; only {} has room",
+                    affinity_node(&pv),
+                    instances[1].node
+                );
+            }
+
+            // A node whose instance is down: its object is withdrawn.
+            let leader = leader(&hosts)?;
+            let down = (leader + 1) % 2;
+            hosts[down].take().expect("running").kill();
+            wait_for("the object of the node whose instance is down to be withdrawn", WAIT, || async {
+                let list = capacities.list(&Default::default()).await?;
+                Ok((list.items.iter().filter(|c| c.storage_class_name == class).count() == 1).then_some(()))
+            })
+            .await
+            .with_context(|| logs(&hosts))?;
+            hosts[down] = Some(Host::start(&instances[down].config)?);
+
+            let claims = fx.claims();
+            for i in 0..4 {
+                pods.delete(&format!("app-{i}"), &DeleteParams::default().grace_period(0)).await?;
+                claims.delete(&format!("big-{i}"), &DeleteParams::default()).await?;
+            }
+            wait_for("the volumes to be deleted", WAIT, || async {
+                Ok(directories(&instances[1].data).is_empty().then_some(()))
+            })
+            .await
+            .with_context(|| logs(&hosts))?;
+            for host in hosts.iter_mut().flatten() {
+                host.terminate(Duration::from_secs(20))?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        let _ = drivers.delete(&driver, &DeleteParams::default()).await;
+        let _ = std::fs::remove_dir_all(&small_root);
         fx.delete_nodes(&prefix, 2).await;
         result
     })

@@ -52,7 +52,14 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
     // The Lease gets its own client without the QPS limit: renewals must never wait
     // behind a provisioning storm.
     let lease_client = Client::try_from(config.clone())?;
-    let client = crate::client::rate_limited(config, args.kube_api_qps, args.kube_api_burst)?;
+    let client =
+        crate::client::rate_limited(config.clone(), args.kube_api_qps, args.kube_api_burst)?;
+    // Node-local mode's CSIStorageCapacity updates have a budget of their own, low.
+    let capacity_client = crate::client::rate_limited(
+        config,
+        crate::controller::storage_capacity::QPS,
+        crate::controller::storage_capacity::BURST,
+    )?;
     let runtime = Runtime::new(plugins.runtime_config()?)?;
     let metrics = Arc::new(Metrics::new());
     // The verdicts on the classes, and the gate every replacement module version must
@@ -128,12 +135,19 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
         let metrics = metrics.clone();
         let health = health.clone();
         let node_local = node_local.clone();
+        let capacity_client = capacity_client.clone();
         move |leadership: Leadership, stop: CancellationToken| async move {
             let backends = match &node_local {
                 Some(node_local) => {
                     let term = leadership.term();
                     match node_local
-                        .lead(client.clone(), term, metrics.clone(), stop.clone())
+                        .lead(
+                            client.clone(),
+                            capacity_client.clone(),
+                            term,
+                            metrics.clone(),
+                            stop.clone(),
+                        )
                         .await
                     {
                         Ok(backends) => backends,

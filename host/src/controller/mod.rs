@@ -22,6 +22,7 @@ pub mod retry;
 pub mod secrets;
 pub mod shares;
 mod static_volumes;
+pub mod storage_capacity;
 mod storm;
 pub mod volumes;
 
@@ -621,6 +622,7 @@ pub async fn run(
         gauge_queues(&context, &stop),
         sweep_journal_every(&context, &stop),
         gone_nodes::run(&context, &stop),
+        storage_capacity::run(&context, &stop),
         class_loops,
     );
     context.class_checks.stand_down();

@@ -21,6 +21,18 @@ pub struct Backends {
     own_node: Option<String>,
     /// Node-local mode: how the leader reaches the other nodes.
     remote: Option<Remote>,
+    /// Node-local mode: where the leader publishes each (class, node)'s capacity.
+    publishing: Option<Publishing>,
+}
+
+/// Node-local mode: where CSIStorageCapacity objects go, and with which client.
+pub struct Publishing {
+    /// Its own low request budget: capacity updates never compete with provisioning.
+    pub client: kube::Client,
+    /// The host's namespace.
+    pub namespace: String,
+    /// This pod's IP (to find its DaemonSet, the objects' owner).
+    pub pod_ip: std::net::IpAddr,
 }
 
 impl Backends {
@@ -29,15 +41,45 @@ impl Backends {
         Self {
             own_node,
             remote: None,
+            publishing: None,
         }
     }
 
     /// Node-local mode: calls for `own_node` here, others through `remote`.
-    pub fn node_local(own_node: String, remote: Remote) -> Self {
+    pub fn node_local(own_node: String, remote: Remote, publishing: Publishing) -> Self {
         Self {
             own_node: Some(own_node),
             remote: Some(remote),
+            publishing: Some(publishing),
         }
+    }
+
+    /// Node-local mode: where capacity is published.
+    pub fn publishing(&self) -> Option<&Publishing> {
+        self.publishing.as_ref()
+    }
+
+    /// Node-local mode: the owner of what the leader publishes (its DaemonSet).
+    pub fn owner(&self) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+        let (remote, publishing, node) = (
+            self.remote.as_ref()?,
+            self.publishing.as_ref()?,
+            self.own_node.as_deref()?,
+        );
+        remote.instances().owner_of(node, publishing.pod_ip)
+    }
+
+    /// Node-local mode: the nodes an instance serves (this one and those the
+    /// instances' pods are on); none in Deployment mode.
+    pub fn nodes(&self) -> Vec<String> {
+        let Some(remote) = &self.remote else {
+            return Vec::new();
+        };
+        let mut nodes = remote.instances().nodes();
+        nodes.extend(self.own_node.clone());
+        nodes.sort();
+        nodes.dedup();
+        nodes
     }
 
     /// Whether calls go to the node they are for (node-local mode); the host then

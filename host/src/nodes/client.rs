@@ -129,6 +129,11 @@ impl Remote {
         }
     }
 
+    /// The directory of instances.
+    pub fn instances(&self) -> &Instances {
+        &self.instances
+    }
+
     /// Runs `request` with `module` on `node`'s instance. Whatever keeps the answer
     /// from coming back is [`CallError::Unreachable`].
     pub async fn call<T: DeserializeOwned>(

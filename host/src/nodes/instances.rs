@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -81,6 +82,38 @@ impl Instances {
             .state()
             .into_iter()
             .find(|pod| pod.name_any() == name)
+    }
+
+    /// The nodes the instances' live pods are on.
+    pub fn nodes(&self) -> Vec<String> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
+            .collect()
+    }
+
+    /// The controller (the DaemonSet) of the pod on `node` at `ip`: the owner of what
+    /// the leader publishes, so it goes away with the install.
+    pub fn owner_of(&self, node: &str, ip: IpAddr) -> Option<OwnerReference> {
+        let pod = self.pods.state().into_iter().find(|pod| {
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                && pod.status.as_ref().and_then(|s| s.pod_ip.as_deref())
+                    == Some(ip.to_string().as_str())
+        })?;
+        let owner = pod
+            .metadata
+            .owner_references
+            .as_ref()?
+            .iter()
+            .find(|owner| owner.controller == Some(true))?
+            .clone();
+        Some(OwnerReference {
+            controller: None,
+            block_owner_deletion: None,
+            ..owner
+        })
     }
 
     /// The instance on `node`: its live pod with an IP there (the newest, during a

@@ -124,6 +124,7 @@ impl NodeLocal {
     pub async fn lead(
         &self,
         client: Client,
+        capacity_client: Client,
         term: i32,
         metrics: Arc<Metrics>,
         stop: CancellationToken,
@@ -154,9 +155,15 @@ impl NodeLocal {
             metrics,
         );
         info!(term, node = %self.settings.node_name, "node-local mode: leading; other nodes' calls go to their instances");
+        let publishing = backends::Publishing {
+            client: capacity_client,
+            namespace: self.settings.namespace.clone(),
+            pod_ip: self.settings.pod_ip,
+        };
         Ok(Backends::node_local(
             self.settings.node_name.clone(),
             remote,
+            publishing,
         ))
     }
 }

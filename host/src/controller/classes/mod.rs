@@ -125,13 +125,18 @@ impl ClassChecks {
         class: &StorageClass,
         capability: Capability,
     ) -> Option<Arc<LoadedModule>> {
+        self.module_of(class)
+            .filter(|module| module.has(capability))
+    }
+
+    /// The module in service for a class of ours.
+    pub fn module_of(&self, class: &StorageClass) -> Option<Arc<LoadedModule>> {
         if !self.is_ours(class) {
             return None;
         }
         let name = Self::module_name(class)?;
         let pin = class_pin(name, class.parameters.as_ref()).ok()?;
-        let module = self.runtime.resolve(name, pin).ok()?;
-        module.has(capability).then_some(module)
+        self.runtime.resolve(name, pin).ok()
     }
 
     pub fn key(class: &StorageClass, module: &LoadedModule) -> VerdictKey {
