@@ -34,6 +34,11 @@ mkdir -p "$(dirname "$chaos_report")"
 set +e
 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The guest SDK's and the bundled guests' own tests, native (their workspace is
+# guests/, built for wasm32-wasip2 everywhere else).
+(cd guests && cargo test --locked -p wasm-provisioner-sdk -p hostpath -p nfs-subdir) 2>&1 | tee -a "$log"
+guest_status=${PIPESTATUS[0]}
+if [ "$status" -eq 0 ]; then status=$guest_status; fi
 set -e
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')

@@ -184,7 +184,7 @@ impl Host {
         )
     }
 
-    fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+    pub fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if self

@@ -11,6 +11,7 @@
 //! - [`install`]: the install artefacts of `deploy/`: pinned tools, the chart, the
 //!   kustomize base, the image tarball, server-side apply.
 //! - [`kubelet`]: a rendered Deployment run from the image as kubelet would run it.
+//! - [`nodes`]: node-local mode's nodes, their instances' pods and tokens.
 //! - [`metrics`]: the Prometheus text format and API request counts (the host's, the
 //!   API server's), for the tests and the load benchmark (`bench/`).
 //! - [`promql`]: the alert rules' and the dashboard's PromQL checked against the
@@ -26,4 +27,5 @@ pub mod install;
 pub mod kubeconfig;
 pub mod kubelet;
 pub mod metrics;
+pub mod nodes;
 pub mod promql;

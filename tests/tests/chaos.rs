@@ -113,11 +113,16 @@ struct Process {
 
 impl Backend {
     fn new(fx: &mut Fixture) -> anyhow::Result<Backend> {
-        fx.install_module("test-journal", "journal");
         let root = fx.data.clone();
+        Self::at(fx, root)
+    }
+
+    /// A backend whose files are under `root` (node-local mode: one per node, its disk).
+    fn at(fx: &mut Fixture, root: PathBuf) -> anyhow::Result<Backend> {
+        fx.install_module("test-journal", "journal");
         let volumes = root.join("journal-volumes");
         std::fs::create_dir_all(&volumes)?;
-        let cache = fx.root.join("cwasm");
+        let cache = root.join("cwasm");
         std::fs::create_dir_all(&cache)?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700))?;
@@ -960,5 +965,178 @@ async fn churn_keeps_memory_flat() -> anyhow::Result<()> {
     );
     drop(host);
     fx.cleanup().await;
+    Ok(())
+}
+
+/// Node-local mode: three nodes, an instance on each (each node its own backend
+/// directory, each process its own journal), N claims spread over the nodes, the
+/// leader SIGKILLed twice while provisioning (its node's instance with it; a new
+/// instance replaces it on that node) and once while deleting. Every claim Bound, each
+/// PV created once and made on its recorded node, no orphan directory on any node, no
+/// two processes' calls overlapping on a node; then the backend of every node empty.
+#[tokio::test]
+async fn node_local_leader_kill_storm() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let n = scaled(150);
+    let mut fx = Fixture::new("chaos-node-local").await?;
+    let prefix = format!("cnl-{}", fx.ctx.namespace);
+    let nodes = wasm_provisioner_tests::nodes::test_nodes(&fx, &prefix, 3).await?;
+    let result = node_local_storm(&mut fx, &nodes, n).await;
+    fx.delete_nodes(&prefix, 3).await;
+    result?;
+    fx.cleanup().await;
+    Ok(())
+}
+
+async fn node_local_storm(
+    fx: &mut Fixture,
+    nodes: &[wasm_provisioner_tests::nodes::TestNode],
+    n: usize,
+) -> anyhow::Result<()> {
+    let mut backends = Vec::new();
+    for node in nodes {
+        backends.push(Backend::at(fx, node.dir.join("backend"))?);
+    }
+    let class = fx
+        .class(
+            "journal",
+            &[("sleepMillis", "20")],
+            json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+        )
+        .await?;
+    let (ledger, watch) = VolumeLedger::watch(fx);
+    // (node index, process index in that node's backend, host)
+    let mut hosts: Vec<(usize, usize, Host)> = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let (index, config) = backends[i].process(fx, &node.flags())?;
+        hosts.push((i, index, Host::start(&config)?));
+    }
+    let started = Instant::now();
+    let creating = {
+        let fx = &*fx;
+        let class = class.clone();
+        async move {
+            futures::stream::iter(0..n)
+                .map(|i| {
+                    let (class, node) = (class.clone(), nodes[i % nodes.len()].name.clone());
+                    async move {
+                        fx.claim(
+                            &format!("storm-{i}"),
+                            &class,
+                            "1Mi",
+                            json!({ "metadata": { "annotations": { SELECTED_NODE: node } } }),
+                        )
+                        .await
+                        .map(drop)
+                    }
+                })
+                .buffer_unordered(32)
+                .try_collect::<Vec<_>>()
+                .await
+                .map(drop)
+        }
+    };
+    let mut kills = Vec::new();
+    let killing = async {
+        for round in 0..2 {
+            tokio::time::sleep(Duration::from_millis(1500 + random_below(3000))).await;
+            let leader = wait_for("a leader", Duration::from_secs(30), || async {
+                Ok(hosts.iter().position(|(_, _, h)| is_leader(h)))
+            })
+            .await?;
+            let (node, index, mut host) = hosts.remove(leader);
+            host.kill();
+            backends[node].ended(index);
+            kills.push(format!(
+                "kill {round} (node {node}) at {:.1}s",
+                started.elapsed().as_secs_f64()
+            ));
+            let (index, config) = backends[node].process(fx, &nodes[node].flags())?;
+            hosts.push((node, index, Host::spawn(&config)?));
+        }
+        anyhow::Ok(())
+    };
+    let (created, killed) = tokio::join!(creating, killing);
+    created?;
+    killed?;
+    let logs_now =
+        |hosts: &[(usize, usize, Host)]| logs(&hosts.iter().map(|(_, _, h)| h).collect::<Vec<_>>());
+    wait_all_bound(fx, n, Duration::from_secs(300), &logs_now(&hosts)).await?;
+    let all_bound_at = started.elapsed();
+    ledger.each_pv_created_once(n).await?;
+    // Each node's backend holds exactly the PVs recorded on that node.
+    let volumes = fx.volumes().list(&ListParams::default()).await?.items;
+    for (i, node) in nodes.iter().enumerate() {
+        let recorded: BTreeSet<String> = volumes
+            .iter()
+            .filter(|pv| pv.annotations().get("wasm-provisioner.dev/node") == Some(&node.name))
+            .map(|pv| pv.name_any())
+            .collect();
+        let directories = backends[i].directories()?;
+        ensure!(
+            directories == recorded,
+            "node {}: {} directories, {} PVs recorded there; orphans {:?}, missing {:?}",
+            node.name,
+            directories.len(),
+            recorded.len(),
+            directories
+                .difference(&recorded)
+                .take(5)
+                .collect::<Vec<_>>(),
+            recorded
+                .difference(&directories)
+                .take(5)
+                .collect::<Vec<_>>()
+        );
+        let overlaps = backends[i].overlaps()?;
+        ensure!(
+            overlaps.is_empty(),
+            "node {}: two processes changed its backend at once: {overlaps:#?}",
+            node.name
+        );
+    }
+
+    let deleting = async { delete_all_claims(fx, Duration::from_secs(300)).await };
+    let killing = async {
+        tokio::time::sleep(Duration::from_millis(500 + random_below(1500))).await;
+        if let Some(leader) = hosts.iter().position(|(_, _, h)| is_leader(h)) {
+            let (node, index, mut host) = hosts.remove(leader);
+            host.kill();
+            backends[node].ended(index);
+            let (index, config) = backends[node].process(fx, &nodes[node].flags())?;
+            hosts.push((node, index, Host::spawn(&config)?));
+        }
+        anyhow::Ok(())
+    };
+    let (deleted, killed) = tokio::join!(deleting, killing);
+    killed?;
+    let deleted_in = deleted.with_context(|| logs_now(&hosts))?;
+    let mut calls = 0;
+    for (i, node) in nodes.iter().enumerate() {
+        let left = backends[i].directories()?;
+        ensure!(
+            left.is_empty(),
+            "node {}: directories left after every claim was deleted: {left:?}",
+            node.name
+        );
+        let overlaps = backends[i].overlaps()?;
+        ensure!(
+            overlaps.is_empty(),
+            "node {}: two processes changed its backend at once: {overlaps:#?}",
+            node.name
+        );
+        calls += backends[i].calls()?.len();
+    }
+    report(
+        "node-local leader kill storm (3 nodes, an instance each; the leader SIGKILLed twice while provisioning, once while deleting, each replaced on its node)",
+        &format!(
+            "{n} claims all Bound in {:.1}s ({}); each PV created once ({} PVs, 0 recreated), each on its recorded node; 0 orphan directories; {calls} journaled backend calls, 0 overlapping between processes of a node; all deleted in {:.1}s, every node's backend empty",
+            all_bound_at.as_secs_f64(),
+            kills.join(", "),
+            ledger.created(),
+            deleted_in.as_secs_f64()
+        ),
+    );
+    watch.abort();
     Ok(())
 }

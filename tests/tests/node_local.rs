@@ -11,23 +11,19 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod, ServiceAccount};
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::cluster::wait_for;
-use wasm_provisioner_tests::fixture::{
-    Fixture, SCENARIO_LABEL, TEST_VOLUME_GRANTS, WAIT, scenario,
-};
-use wasm_provisioner_tests::host::{Host, HostConfig, free_port};
+use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL, WAIT, scenario};
+use wasm_provisioner_tests::host::{Host, HostConfig};
+use wasm_provisioner_tests::nodes::{hostpath_grants, test_nodes};
 
 const NODES: usize = 3;
 const PODS: usize = 30;
-const INSTANCE_ACCOUNT: &str = "wasm-provisioner";
-const INSTANCE_LABEL: (&str, &str) = ("app", "wasm-provisioner");
 
-/// One node's instance: its pod object, its data directory, how to start it.
+/// One node's instance: its data directory, how to start it.
 struct Instance {
     node: String,
     data: PathBuf,
@@ -46,79 +42,6 @@ fn affinity_node(pv: &PersistentVolume) -> Option<String> {
         .node_selector_terms;
     let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
     requirement.values.as_ref()?.first().cloned()
-}
-
-async fn service_account(fx: &Fixture, name: &str) -> anyhow::Result<()> {
-    let account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<ServiceAccount>::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace)
-        .create(&PostParams::default(), &account)
-        .await
-        .with_context(|| format!("creating ServiceAccount {name}"))?;
-    Ok(())
-}
-
-/// The DaemonSet's pod on `node`, as kubelet would report it (Running, with `ip`), and
-/// a token bound to it (what the projected volume would hold), written to `token`.
-async fn instance_pod(
-    fx: &Fixture,
-    index: usize,
-    node: &str,
-    ip: &str,
-    token: &Path,
-) -> anyhow::Result<()> {
-    let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
-    let name = format!("wasm-provisioner-{index}");
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name, "labels": { INSTANCE_LABEL.0: INSTANCE_LABEL.1 } },
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": INSTANCE_ACCOUNT,
-            "automountServiceAccountToken": false,
-            "containers": [{ "name": "host", "image": "wasm-provisioner:test" }],
-        },
-    }))?;
-    let pod = pods.create(&PostParams::default(), &pod).await?;
-    let status = json!({ "status": { "phase": "Running", "podIP": ip, "podIPs": [{ "ip": ip }] } });
-    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .with_context(|| format!("reporting pod {name} Running"))?;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec!["wasm-provisioner".into()],
-            bound_object_ref: Some(BoundObjectReference {
-                kind: Some("Pod".into()),
-                api_version: Some("v1".into()),
-                name: Some(name.clone()),
-                uid: pod.uid(),
-            }),
-            expiration_seconds: Some(3600),
-        },
-        ..Default::default()
-    };
-    let issued = Api::<ServiceAccount>::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace)
-        .create_token_request(INSTANCE_ACCOUNT, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("requesting a token bound to pod {name}"))?;
-    std::fs::write(token, issued.status.context("no token issued")?.token)?;
-    Ok(())
-}
-
-/// A grants file for one node: hostpath's `/volumes` is that node's data directory.
-fn node_grants(path: &Path, data: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(data)?;
-    let text = format!(
-        "allow:\n  directories: [{}]\nmodules:\n  hostpath:\n    directories:\n      - {{ host: {}, guest: /volumes, mode: read-write }}\n{TEST_VOLUME_GRANTS}",
-        data.parent().unwrap_or(data).display(),
-        data.display()
-    );
-    std::fs::write(path, text)?;
-    Ok(())
 }
 
 /// A pod `name` that mounts claim `claim`, on one of the scenario's nodes (or on
@@ -162,45 +85,24 @@ async fn instances_on(
     extra: &[&str],
     data_root: impl Fn(usize) -> Option<PathBuf>,
 ) -> anyhow::Result<Vec<Instance>> {
-    let port = free_port();
     let mut instances = Vec::new();
-    for index in 0..count {
-        let node = format!("{prefix}-{index}");
-        fx.schedulable_node(&node).await?;
-        let ip = format!("127.0.0.{}", index + 2);
-        let dir = fx.root.join(&node);
-        let token = dir.join("token");
-        let grants = dir.join("grants.yaml");
+    for (index, node) in test_nodes(fx, prefix, count).await?.into_iter().enumerate() {
+        let grants = node.dir.join("grants.yaml");
         let data = data_root(index)
-            .unwrap_or_else(|| dir.join("data"))
+            .unwrap_or_else(|| node.dir.join("data"))
             .join("hostpath");
-        std::fs::create_dir_all(&dir)?;
-        node_grants(&grants, &data)?;
-        instance_pod(fx, index, &node, &ip, &token).await?;
-        let mut args = vec![
-            "--leader-elect=true",
-            "--mode=node-local",
-            &format!("--node-name={node}"),
-            &format!("--pod-ip={ip}"),
-            &format!("--node-address={ip}:{port}"),
-            &format!("--token-file={}", token.display()),
-            &format!(
-                "--instance-selector={}={}",
-                INSTANCE_LABEL.0, INSTANCE_LABEL.1
-            ),
-            "--leader-election-lease-duration=6s",
-            "--leader-election-renew-deadline=4s",
-            "--leader-election-retry-period=1s",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>();
+        hostpath_grants(&grants, &data)?;
+        let mut args = node.flags();
         args.extend(extra.iter().map(|arg| arg.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut config = fx.host_config(&args);
         config.grants = Some(grants);
-        config.log_dir = dir.join("logs");
-        instances.push(Instance { node, data, config });
+        config.log_dir = node.dir.join("logs");
+        instances.push(Instance {
+            node: node.name,
+            data,
+            config,
+        });
     }
     Ok(instances)
 }
@@ -246,8 +148,6 @@ async fn each_volume_is_made_and_deleted_by_its_node_s_instance() {
     scenario("node-local", async |fx| {
         let prefix = format!("nl-{}", fx.ctx.namespace);
         let result = async {
-            service_account(fx, "default").await?;
-            service_account(fx, INSTANCE_ACCOUNT).await?;
             fx.install_module("hostpath", "hostpath");
             let instances = instances(fx, &prefix, NODES, &[]).await?;
             let mut hosts: Vec<Option<Host>> = Vec::new();
@@ -370,8 +270,6 @@ async fn the_volumes_of_a_deleted_node_are_never_deleted_elsewhere() {
     scenario("node-gone", async |fx| {
         let prefix = format!("ng-{}", fx.ctx.namespace);
         let result = async {
-            service_account(fx, "default").await?;
-            service_account(fx, INSTANCE_ACCOUNT).await?;
             fx.install_module("hostpath", "hostpath");
             let instances = instances(
                 fx,
@@ -510,8 +408,6 @@ async fn the_scheduler_places_no_pod_on_a_node_with_too_little_capacity() {
         let driver = fx.provisioner.clone();
         let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(fx.ctx.client.clone());
         let result = async {
-            service_account(fx, "default").await?;
-            service_account(fx, INSTANCE_ACCOUNT).await?;
             fx.install_module("hostpath", "hostpath");
             // The scheduler consults CSIStorageCapacity for this provisioner only once
             // a CSIDriver of its name says so (the node-local manifests ship it).

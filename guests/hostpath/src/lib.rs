@@ -215,6 +215,7 @@ impl Provisioner for HostPath {
     fn delete(req: &DeleteRequest) -> Result<(), DeleteError> {
         let pv = &req.volume;
         let name = path::check_pv_name(&pv.name)?;
+        on_its_node(&req.context, pv).map_err(DeleteError::Failed)?;
         let node_dir = match &pv.source {
             VolumeSource::HostPath(s) => &s.path,
             VolumeSource::Local(s) => &s.path,
@@ -312,12 +313,26 @@ impl ClassValidator for HostPath {
     }
 }
 
+/// A volume's directory is on the node its PV is pinned to: a delete or expand running
+/// on another node would find nothing there (and a delete would answer success, leaving
+/// the directory behind), so it fails, saying where it must run.
+fn on_its_node(context: &CallContext, pv: &PublishedVolume) -> Result<(), String> {
+    match (context.node.as_deref(), sdk::pinned_node(&pv.node_affinity)) {
+        (Some(here), Some(node)) if here != node => Err(format!(
+            "PV {}'s directory is on node {node}, but this call runs on node {here}: it must run              on node {node} (in node-local mode the host sends it to the node recorded on the              PV, annotation wasm-provisioner.dev/node)",
+            pv.name
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl Expander for HostPath {
     /// A directory has no size: the new size is checked against `maxSize` and the free
     /// space of the granted filesystem, then recorded (on the PV, by the host), not
     /// enforced.
     fn expand(req: &ExpandRequest) -> Result<u64, ExpandError> {
         let name = path::check_pv_name(&req.volume.name)?;
+        on_its_node(&req.context, &req.volume).map_err(ExpandError::Failed)?;
         let params = Params::new(&req.class_parameters);
         let settings = settings(&params)?;
         if let Some(max) = settings.max_size.filter(|max| req.requested_bytes > *max) {

@@ -247,3 +247,24 @@ fn describe() {
     assert_eq!(info.name, "hostpath");
     assert!(!info.supports_block);
 }
+
+#[test]
+fn a_delete_on_another_node_than_the_volume_s_fails_and_keeps_the_directory() {
+    let root = Root::new();
+    let params = [("guestRoot", root.s()), ("nodePath", "/n"), ("pvType", "local")];
+    let mut req = provision_request(&params);
+    req.selected_node = Some(node("n1"));
+    req.context.node = Some("n1".into());
+    let volume = HostPath::provision(&req).unwrap();
+    let mut delete = delete_request(&req, &volume, &params);
+    delete.context.node = Some("n2".into());
+    let error = HostPath::delete(&delete).unwrap_err();
+    assert!(
+        matches!(&error, DeleteError::Failed(m) if m.contains("on node n1") && m.contains("runs on node n2")),
+        "{error:?}"
+    );
+    assert!(root.has(&req.volume_name), "the directory must stay");
+    delete.context.node = Some("n1".into());
+    HostPath::delete(&delete).unwrap();
+    assert!(!root.has(&req.volume_name));
+}

@@ -373,6 +373,20 @@ pub fn hostname_affinity(node: &str) -> Vec<NodeSelectorTerm> {
     }]
 }
 
+/// The one node an affinity pins a volume to (`kubernetes.io/hostname In [node]`, as
+/// [`hostname_affinity`] makes it), if it is that.
+pub fn pinned_node(affinity: &[NodeSelectorTerm]) -> Option<&str> {
+    let [term] = affinity else { return None };
+    let [requirement] = term.match_expressions.as_slice() else {
+        return None;
+    };
+    let [node] = requirement.values.as_slice() else {
+        return None;
+    };
+    (requirement.key == "kubernetes.io/hostname" && requirement.operator == "In")
+        .then_some(node.as_str())
+}
+
 /// The value of `key` in a string map (parameters, labels, annotations), if present.
 /// Kubernetes maps have unique keys; if a map repeats one, the first wins.
 pub fn lookup<'a>(map: &'a [(String, String)], key: &str) -> Option<&'a str> {

@@ -215,12 +215,12 @@ fn expired(lease: &Lease, observed_at: Instant, now: Instant) -> bool {
 }
 
 /// The record with `identity` as holder, renewed now: a renewal keeps the acquire time
-/// and transition count, a take-over sets the acquire time and counts a transition.
+/// and transition count, a take-over sets the acquire time and counts a transition —
+/// also of a released Lease (no holder), as client-go does: the count is the term
+/// node-local mode's calls carry, and each leader's term must be its own.
 fn taken(previous: Option<&LeaseSpec>, identity: &str, duration: Duration) -> LeaseSpec {
     let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-    let previous_holder = previous
-        .and_then(|spec| spec.holder_identity.as_deref())
-        .filter(|holder| !holder.is_empty());
+    let previous_holder = previous.and_then(|spec| spec.holder_identity.as_deref());
     let transitions = previous
         .and_then(|spec| spec.lease_transitions)
         .unwrap_or(0);
@@ -233,8 +233,8 @@ fn taken(previous: Option<&LeaseSpec>, identity: &str, duration: Duration) -> Le
             _ => Some(now.clone()),
         },
         renew_time: Some(now),
-        lease_transitions: Some(match previous_holder {
-            Some(holder) if holder != identity => transitions + 1,
+        lease_transitions: Some(match previous {
+            Some(_) if !renewal => transitions + 1,
             _ => transitions,
         }),
         ..LeaseSpec::default()
@@ -274,11 +274,16 @@ mod tests {
         assert_eq!(spec.lease_transitions, Some(4));
         assert_ne!(spec.acquire_time, previous.spec.unwrap().acquire_time);
         assert_eq!(spec.lease_duration_seconds, Some(20));
-        // A released Lease (no holder) is taken without counting a transition.
+        // A released Lease (no holder) is a new term too: each leader's is its own.
         let free = lease(None, 1, 4);
         assert_eq!(
             taken(free.spec.as_ref(), "me", Duration::from_secs(15)).lease_transitions,
-            Some(4)
+            Some(5)
+        );
+        // The first holder of a new Lease starts at 0.
+        assert_eq!(
+            taken(None, "me", Duration::from_secs(15)).lease_transitions,
+            Some(0)
         );
     }
 

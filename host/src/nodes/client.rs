@@ -163,14 +163,16 @@ impl Remote {
                     "no answer from its instance within {timeout:?} (the module's timeout and a network margin of {NETWORK_MARGIN:?})"
                 ))
             });
-        let outcome = if answer.is_ok() { "ok" } else { "unreachable" };
+        let decoded = answer.and_then(|bytes| {
+            serde_json::from_slice::<Result<T, CallError>>(&bytes)
+                .map_err(|error| format!("its instance's answer is malformed: {error}"))
+        });
+        let outcome = if decoded.is_ok() { "ok" } else { "unreachable" };
         self.metrics
             .node_call_duration
             .with_label_values(&[outcome])
             .observe(started.elapsed().as_secs_f64());
-        let answer = answer.map_err(&unreachable)?;
-        serde_json::from_slice::<Result<T, CallError>>(&answer)
-            .map_err(|error| unreachable(format!("its instance's answer is malformed: {error}")))?
+        decoded.map_err(unreachable)?
     }
 
     async fn send(&self, node: &str, body: Vec<u8>) -> Result<Bytes, String> {

@@ -186,6 +186,7 @@ async fn enroll(advert: &Advert, token_file: &Path, own_node: &str) -> Result<Ro
     Ok(Role::Instance {
         config,
         term: enrolled.term,
+        ca_pem: advert.ca_pem.as_str().into(),
         enrolled_at: Instant::now(),
     })
 }
@@ -208,15 +209,16 @@ pub async fn follow(
             .and_then(|lease| Advert::of(lease, &own_identity));
         if let Some(advert) = advert {
             let role = channel.role.borrow().clone();
+            let current = role.enrolment() == Some((advert.term, advert.ca_pem.as_str()));
             let due = match &role {
                 Role::Leader { .. } => false,
                 Role::Waiting => true,
-                Role::Instance {
-                    term, enrolled_at, ..
-                } => *term != advert.term || enrolled_at.elapsed() > pki::NODE_CERT_VALIDITY / 2,
+                Role::Instance { enrolled_at, .. } => {
+                    !current || enrolled_at.elapsed() > pki::NODE_CERT_VALIDITY / 2
+                }
             };
             if due {
-                if role.instance_term().is_some_and(|term| term != advert.term) {
+                if role.enrolment().is_some() && !current {
                     // A new leader: the old term's calls are refused from now on.
                     channel.role.send_replace(Role::Waiting);
                 }

@@ -38,6 +38,8 @@ pub enum Role {
     Instance {
         config: Arc<ServerConfig>,
         term: i32,
+        /// The CA of the leader it enrolled with (PEM): a new one is a new leader.
+        ca_pem: Arc<str>,
         enrolled_at: Instant,
     },
     Leader {
@@ -47,10 +49,10 @@ pub enum Role {
 }
 
 impl Role {
-    /// The term this process is enrolled in as an instance.
-    pub fn instance_term(&self) -> Option<i32> {
+    /// The leader this process is enrolled with as an instance: its term and CA.
+    pub fn enrolment(&self) -> Option<(i32, &str)> {
         match self {
-            Role::Instance { term, .. } => Some(*term),
+            Role::Instance { term, ca_pem, .. } => Some((*term, ca_pem)),
             _ => None,
         }
     }
@@ -155,7 +157,7 @@ async fn handle(
         return refuse(StatusCode::METHOD_NOT_ALLOWED, "POST only".into());
     }
     match (request.uri().path(), role) {
-        (CALLS_PATH, Role::Instance { term, .. }) => {
+        (CALLS_PATH, Role::Instance { term, ca_pem, .. }) => {
             if !from_leader {
                 warn!(%peer, "node channel: refused a call from a client that is not the leader");
                 return refuse(
@@ -167,7 +169,7 @@ async fn handle(
                 Ok(bytes) => bytes,
                 Err(refused) => return refused,
             };
-            call(channel, *term, &bytes).await
+            call(channel, *term, ca_pem, &bytes).await
         }
         (ENROLL_PATH, Role::Leader { enroller, .. }) => {
             let bytes = match body(request).await {
@@ -203,8 +205,9 @@ async fn handle(
     }
 }
 
-/// One guest call from the leader of `term` (the caller checked it is the leader).
-async fn call(channel: &Channel, term: i32, bytes: &[u8]) -> Response<Full<Bytes>> {
+/// One guest call from the leader of `term` with CA `ca_pem` (the caller checked it is
+/// the leader).
+async fn call(channel: &Channel, term: i32, ca_pem: &str, bytes: &[u8]) -> Response<Full<Bytes>> {
     let call: NodeCall = match serde_json::from_slice(bytes) {
         Ok(call) => call,
         Err(error) => {
@@ -245,7 +248,20 @@ async fn call(channel: &Channel, term: i32, bytes: &[u8]) -> Response<Full<Bytes
             ),
         );
     };
-    let answered = execute(&module, call.request).await;
+    // A newer term (this instance saw a new leader) cancels the call at once, as the
+    // fence cancels a leader's own calls: the new leader re-sends it, and two calls for
+    // one volume never run side by side.
+    let mut roles = channel.role.subscribe();
+    let answered = tokio::select! {
+        answered = execute(&module, call.request) => answered,
+        _ = roles.wait_for(|role| role.enrolment() != Some((term, ca_pem))) => {
+            warn!(term, "node channel: the term ended during a call; cancelled it");
+            return refuse(
+                StatusCode::CONFLICT,
+                format!("term {term} ended while the call ran: cancelled"),
+            );
+        }
+    };
     answer(
         StatusCode::OK,
         serde_json::to_vec(&answered).unwrap_or_default(),
@@ -273,6 +289,7 @@ mod tests {
             role: watch::channel(Role::Instance {
                 config: instance_server_config(authority.ca_pem(), &identity).unwrap(),
                 term: TERM,
+                ca_pem: authority.ca_pem().into(),
                 enrolled_at: Instant::now(),
             })
             .0,

@@ -1,0 +1,363 @@
+//! The node-local benchmark (`bash bench/nodes.sh`): N pods with WaitForFirstConsumer
+//! claims of hostpath, placed by kube-scheduler over K nodes, provisioned first by one
+//! host in Deployment mode and then by K instances in node-local mode (one process per
+//! "node", each with its own data directory standing for its disk). Prints, per run:
+//! claims/s, the leader's API requests per volume (and its CSIStorageCapacity writes
+//! apart), 409 conflicts, the leader→instance call time (p50, p99), RSS per instance,
+//! and what the other instances asked of the API (they should hold no watch of claims
+//! or PVs). Needs a control plane with kube-scheduler (KUBECONFIG; bench/nodes.sh
+//! starts one).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL};
+use wasm_provisioner_tests::host::{Host, HostConfig};
+use wasm_provisioner_tests::metrics::{Requests, host_requests, parse_samples, settled_requests};
+use wasm_provisioner_tests::nodes::{TestNode, hostpath_grants, test_nodes};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Node counts to run, in order (one node-local run each, and one Deployment-mode run
+    /// over as many nodes).
+    #[arg(long, value_delimiter = ',', default_value = "3")]
+    nodes: Vec<usize>,
+
+    /// Pods (each with its claim) created at once per run.
+    #[arg(long, default_value_t = 150)]
+    claims: usize,
+
+    /// Where the table goes (also printed).
+    #[arg(long, default_value = "nodes-results")]
+    out: PathBuf,
+}
+
+/// What one run measured.
+struct Figures {
+    mode: String,
+    nodes: usize,
+    claims: usize,
+    bound_s: f64,
+    deleted_s: f64,
+    /// The leader's requests while provisioning (until they settled).
+    leader: Requests,
+    /// The leader's guest calls to other nodes: (p50, p99) seconds, bucket bounds.
+    node_calls: Option<(f64, f64, f64)>,
+    rss_mib: Vec<f64>,
+    /// Every other instance's requests, summed (watches included).
+    others: Requests,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    std::fs::create_dir_all(&args.out)?;
+    let mut figures = Vec::new();
+    for &nodes in &args.nodes {
+        figures.push(run(nodes, args.claims, false).await?);
+        figures.push(run(nodes, args.claims, true).await?);
+    }
+    let table = table(&figures);
+    println!("{table}");
+    std::fs::write(args.out.join("nodes.md"), &table)?;
+    Ok(())
+}
+
+/// One run: K nodes, N pods with claims, provisioned by one host (`node_local` false)
+/// or an instance per node; then everything deleted.
+async fn run(k: usize, n: usize, node_local: bool) -> anyhow::Result<Figures> {
+    let mode = if node_local {
+        "node-local"
+    } else {
+        "deployment"
+    };
+    eprintln!("run: {mode}, {k} nodes, {n} claims");
+    let mut fx = Fixture::new(&format!("bench-nodes-{k}")).await?;
+    let prefix = format!("bn-{}", fx.ctx.namespace);
+    let result = async {
+        let nodes = test_nodes(&fx, &prefix, k).await?;
+        fx.install_module("hostpath", "hostpath");
+        let cache = fx.root.join("cwasm");
+        std::fs::create_dir_all(&cache)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700))?;
+        let mut hosts = Vec::new();
+        if node_local {
+            for node in &nodes {
+                let config = instance_config(&fx, node, &cache)?;
+                hosts.push(Host::spawn(&config)?);
+            }
+        } else {
+            let data = fx.root.join("data-deployment").join("hostpath");
+            let grants = fx.root.join("grants-deployment.yaml");
+            hostpath_grants(&grants, &data)?;
+            let mut config = fx.host_config(&[&format!("--cache-dir={}", cache.display())]);
+            config.grants = Some(grants);
+            hosts.push(Host::spawn(&config)?);
+        }
+        for host in &hosts {
+            host.wait_ready(Duration::from_secs(300))?;
+        }
+        let leader = wait_leader(&hosts).await?;
+        let class = fx
+            .class(
+                "hostpath",
+                &[("nodePath", "/srv/volumes"), ("pvType", "local")],
+                json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+            )
+            .await?;
+        // Node-local: the first CSIStorageCapacity poll is not waited for (no CSIDriver
+        // here: the scheduler does not consult them).
+        let before = host_requests(&hosts[leader])?;
+        let others_before: Vec<Requests> = hosts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != leader)
+            .map(|(_, h)| host_requests(h))
+            .collect::<Result<_, _>>()?;
+        let started = Instant::now();
+        create(&fx, &class, n).await?;
+        wait_bound(&fx, n).await?;
+        let bound_s = started.elapsed().as_secs_f64();
+        let leader_requests = settled_requests(&hosts[leader], Duration::from_secs(3))
+            .await?
+            .since(&before);
+        let node_calls = node_call_quantiles(&hosts[leader])?;
+        let rss_mib = hosts
+            .iter()
+            .filter_map(|h| h.rss_bytes())
+            .map(|b| b as f64 / (1024.0 * 1024.0))
+            .collect();
+        let mut others = Requests::default();
+        for ((_, host), earlier) in hosts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != leader)
+            .zip(&others_before)
+        {
+            for (key, value) in host_requests(host)?.since(earlier).0 {
+                *others.0.entry(key).or_default() += value;
+            }
+        }
+        let started = Instant::now();
+        delete(&fx, n).await?;
+        let deleted_s = started.elapsed().as_secs_f64();
+        for host in &mut hosts {
+            let _ = host.terminate(Duration::from_secs(20));
+        }
+        anyhow::Ok(Figures {
+            mode: mode.into(),
+            nodes: k,
+            claims: n,
+            bound_s,
+            deleted_s,
+            leader: leader_requests,
+            node_calls,
+            rss_mib,
+            others,
+        })
+    }
+    .await;
+    fx.delete_nodes(&prefix, k).await;
+    if result.is_ok() {
+        fx.cleanup().await;
+    }
+    result
+}
+
+fn instance_config(
+    fx: &Fixture,
+    node: &TestNode,
+    cache: &std::path::Path,
+) -> anyhow::Result<HostConfig> {
+    let grants = node.dir.join("grants.yaml");
+    hostpath_grants(&grants, &node.dir.join("data").join("hostpath"))?;
+    let mut args = node.flags();
+    args.push(format!("--cache-dir={}", cache.display()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut config = fx.host_config(&args);
+    config.grants = Some(grants);
+    config.log_dir = node.dir.join("logs");
+    Ok(config)
+}
+
+async fn wait_leader(hosts: &[Host]) -> anyhow::Result<usize> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Some(i) = hosts
+            .iter()
+            .position(|h| h.metric("wasm_provisioner_leader") == Some(1.0))
+        {
+            return Ok(i);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("no host leads after 60 s")
+}
+
+/// N claims and N pods that use them, 64 requests in flight.
+async fn create(fx: &Fixture, class: &str, n: usize) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let claim = format!("data-{i}");
+                fx.claim(&claim, class, "1Mi", json!({})).await?;
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": { "name": format!("app-{i}") },
+                    "spec": {
+                        "nodeSelector": { SCENARIO_LABEL: fx.ctx.namespace },
+                        "automountServiceAccountToken": false,
+                        "containers": [{ "name": "app", "image": "registry.k8s.io/pause:3.10",
+                            "volumeMounts": [{ "name": "data", "mountPath": "/data" }] }],
+                        "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }],
+                    },
+                }))?;
+                pods.create(&PostParams::default(), &pod).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<Vec<_>>()
+        .await
+        .map(drop)
+}
+
+async fn wait_bound(fx: &Fixture, n: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while Instant::now() < deadline {
+        let bound = fx
+            .claims()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|c: &&PersistentVolumeClaim| {
+                c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+            })
+            .count();
+        if bound >= n {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("not every claim Bound within 900 s")
+}
+
+async fn delete(fx: &Fixture, n: usize) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+    pods.delete_collection(
+        &DeleteParams::default().grace_period(0),
+        &ListParams::default(),
+    )
+    .await?;
+    fx.claims()
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let provisioner = fx.provisioner.clone();
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while Instant::now() < deadline {
+        let left = fx
+            .volumes()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|pv| {
+                pv.annotations().get("pv.kubernetes.io/provisioned-by") == Some(&provisioner)
+            })
+            .count();
+        if left == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("{n} volumes not all deleted within 900 s")
+}
+
+/// The leader's leader→instance call time: p50 and p99 (the upper bounds of their
+/// histogram buckets) and the count, from `wasm_provisioner_node_call_duration_seconds`.
+fn node_call_quantiles(leader: &Host) -> anyhow::Result<Option<(f64, f64, f64)>> {
+    let samples = parse_samples(&leader.get("/metrics")?.1);
+    let mut buckets: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| {
+            s.name == "wasm_provisioner_node_call_duration_seconds_bucket"
+                && s.labels.get("outcome").map(String::as_str) == Some("ok")
+        })
+        .filter_map(|s| Some((s.labels.get("le")?.parse::<f64>().ok()?, s.value)))
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let Some(&(_, count)) = buckets.last() else {
+        return Ok(None);
+    };
+    if count == 0.0 {
+        return Ok(None);
+    }
+    let quantile = |q: f64| {
+        buckets
+            .iter()
+            .find(|(_, cumulative)| *cumulative >= q * count)
+            .map(|(le, _)| *le)
+            .unwrap_or(f64::INFINITY)
+    };
+    Ok(Some((quantile(0.5), quantile(0.99), count)))
+}
+
+fn table(figures: &[Figures]) -> String {
+    let mut out = String::from(
+        "| mode | nodes | claims | all Bound | claims/s | leader writes/volume | leader reads/volume | CSIStorageCapacity writes | 409s | leader→instance calls (p50 / p99, count) | RSS per instance (median / max) | other instances' requests | all deleted |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for f in figures {
+        let n = f.claims as f64;
+        let capacity = f.leader.writes_to("csistoragecapacities");
+        let mut rss = f.rss_mib.clone();
+        rss.sort_by(f64::total_cmp);
+        let median = rss.get(rss.len() / 2).copied().unwrap_or(0.0);
+        let max = rss.last().copied().unwrap_or(0.0);
+        let calls = match f.node_calls {
+            Some((p50, p99, count)) => {
+                format!("≤ {} ms / ≤ {} ms, {count:.0}", p50 * 1e3, p99 * 1e3)
+            }
+            None => "-".into(),
+        };
+        let mut others: BTreeMap<String, f64> = BTreeMap::new();
+        for ((verb, resource, _), value) in &f.others.0 {
+            *others.entry(format!("{verb} {resource}")).or_default() += value;
+        }
+        let others = if others.is_empty() {
+            "none".to_string()
+        } else {
+            others
+                .iter()
+                .map(|(kind, count)| format!("{count:.0} {kind}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.1} s | {:.1} | {:.2} | {:.2} | {capacity:.0} | {:.0} | {calls} | {median:.0} / {max:.0} MiB | {others} | {:.1} s |",
+            f.mode,
+            f.nodes,
+            f.claims,
+            f.bound_s,
+            n / f.bound_s,
+            (f.leader.writes() - capacity) / n,
+            f.leader.reads() / n,
+            f.leader.conflicts(),
+            f.deleted_s,
+        );
+    }
+    out
+}
