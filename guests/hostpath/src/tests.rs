@@ -251,7 +251,11 @@ fn describe() {
 #[test]
 fn a_delete_on_another_node_than_the_volume_s_fails_and_keeps_the_directory() {
     let root = Root::new();
-    let params = [("guestRoot", root.s()), ("nodePath", "/n"), ("pvType", "local")];
+    let params = [
+        ("guestRoot", root.s()),
+        ("nodePath", "/n"),
+        ("pvType", "local"),
+    ];
     let mut req = provision_request(&params);
     req.selected_node = Some(node("n1"));
     req.context.node = Some("n1".into());
