@@ -321,6 +321,20 @@ pub enum Mode {
     NodeLocal,
 }
 
+/// Node-local mode: what this process does (`--node-local-role`). The shipped manifests
+/// run `controller` (a Deployment under the ServiceAccount that may write) and `node` (the
+/// DaemonSet, under one that may only read the Lease), so a compromised node holds no
+/// credential that creates or deletes PVs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeLocalRole {
+    /// Elects, leads, and serves its own node's calls (one ServiceAccount for all).
+    All,
+    /// Elects and leads; serves no node: every call for a node goes to its instance.
+    Controller,
+    /// Serves its node's calls; never elects, makes no API write, reads only the Lease.
+    Node,
+}
+
 /// The controller's flags (the plugin flags are in `PluginArgs`).
 #[derive(Debug, Clone, Args)]
 pub struct ControllerArgs {
@@ -411,6 +425,13 @@ pub struct ControllerArgs {
     /// (docs/install.md, "Node-local mode").
     #[arg(long, env = "WASM_PROVISIONER_MODE", value_enum, default_value_t = Mode::Deployment)]
     pub mode: Mode,
+
+    /// Node-local mode: `all` (every instance elects; the leader serves its own node in
+    /// process), `controller` (elects and leads, serves no node) or `node` (serves its
+    /// node's calls, never elects, reads only the Lease) (docs/install.md, "Node-local
+    /// mode").
+    #[arg(long, env = "WASM_PROVISIONER_NODE_LOCAL_ROLE", value_enum, default_value_t = NodeLocalRole::All)]
+    pub node_local_role: NodeLocalRole,
 
     /// Node-local mode: this pod's IP (the manifests set it from `status.podIP`); the
     /// leader advertises it, with the channel's port, for the instances to enrol.
@@ -541,31 +562,46 @@ impl ControllerArgs {
     /// Node-local mode's settings; `None` in Deployment mode. Refuses a node-local
     /// configuration that lacks what it needs.
     pub fn node_local(&self) -> anyhow::Result<Option<crate::nodes::Settings>> {
+        use crate::nodes::NodeRole;
         if self.mode != Mode::NodeLocal {
             return Ok(None);
         }
-        let Some(node_name) = self.node_name.clone().filter(|name| !name.is_empty()) else {
-            anyhow::bail!(
-                "--mode=node-local needs --node-name (WASM_PROVISIONER_NODE_NAME, from the downward API's spec.nodeName)"
-            );
+        let role = match self.node_local_role {
+            NodeLocalRole::All => NodeRole::All,
+            NodeLocalRole::Controller => NodeRole::Controller,
+            NodeLocalRole::Node => NodeRole::Node,
         };
-        let Some(pod_ip) = self.pod_ip else {
+        let node_name = self.node_name.clone().filter(|name| !name.is_empty());
+        if role != NodeRole::Controller && node_name.is_none() {
             anyhow::bail!(
-                "--mode=node-local needs --pod-ip (WASM_PROVISIONER_POD_IP, from the downward API's status.podIP)"
-            );
-        };
-        if !self.leader_elect {
-            anyhow::bail!(
-                "--mode=node-local needs --leader-elect=true: one instance of the DaemonSet leads"
+                "--mode=node-local needs --node-name (WASM_PROVISIONER_NODE_NAME, from the downward API's spec.nodeName), unless --node-local-role=controller"
             );
         }
+        if role.elects() && self.pod_ip.is_none() {
+            anyhow::bail!(
+                "--mode=node-local needs --pod-ip (WASM_PROVISIONER_POD_IP, from the downward API's status.podIP) in a process that may lead (--node-local-role all or controller)"
+            );
+        }
+        if role.elects() && !self.leader_elect {
+            anyhow::bail!(
+                "--mode=node-local needs --leader-elect=true: one instance leads (--node-local-role all or controller)"
+            );
+        }
+        let namespace = self.own_namespace();
         Ok(Some(crate::nodes::Settings {
+            role,
             node_name,
-            pod_ip,
+            pod_ip: self.pod_ip,
             address: self.node_address,
             token_file: self.token_file.clone(),
             instance_selector: self.instance_selector.clone(),
-            namespace: self.own_namespace(),
+            lease: (
+                self.leader_election_namespace
+                    .clone()
+                    .unwrap_or_else(|| namespace.clone()),
+                leader::lease_name(&self.provisioner_name),
+            ),
+            namespace,
         }))
     }
 
@@ -794,6 +830,63 @@ mod tests {
         assert_eq!(
             args.plugins.compile_timeout,
             std::time::Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn node_local_roles_need_what_they_use() {
+        let settings = |extra: &[&str]| {
+            let mut argv = vec![
+                "wasm-provisioner",
+                "run",
+                "--mode=node-local",
+                "--namespace=ns",
+            ];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not run");
+            };
+            args.controller.node_local()
+        };
+        // all: a node and a pod IP.
+        assert!(settings(&["--pod-ip=10.0.0.1"]).is_err());
+        assert!(settings(&["--node-name=a"]).is_err());
+        let all = settings(&["--node-name=a", "--pod-ip=10.0.0.1"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(all.role, crate::nodes::NodeRole::All);
+        // controller: a pod IP, no node needed; it elects.
+        let controller = settings(&["--node-local-role=controller", "--pod-ip=10.0.0.1"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(controller.node_name, None);
+        assert!(controller.role.elects());
+        assert!(settings(&["--node-local-role=controller", "--node-name=a"]).is_err());
+        assert!(
+            settings(&[
+                "--node-local-role=controller",
+                "--pod-ip=10.0.0.1",
+                "--leader-elect=false"
+            ])
+            .is_err()
+        );
+        // node: a node, no pod IP; it never elects, and follows the provisioner's Lease.
+        assert!(settings(&["--node-local-role=node"]).is_err());
+        let node = settings(&[
+            "--node-local-role=node",
+            "--node-name=a",
+            "--leader-elect=false",
+        ])
+        .unwrap()
+        .unwrap();
+        assert!(!node.role.elects());
+        assert_eq!(node.pod_ip, None);
+        assert_eq!(
+            node.lease,
+            (
+                "ns".to_string(),
+                names::DEFAULT_PROVISIONER_NAME.replace('/', "-")
+            )
         );
     }
 }

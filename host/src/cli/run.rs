@@ -14,7 +14,7 @@ use crate::controller::classes::{ClassChecks, ClassGate};
 use crate::controller::{self, Settings};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
-use crate::nodes::{Backends, NodeLocal};
+use crate::nodes::{Backends, NodeLocal, NodeRole};
 use crate::server::{self, Health};
 use wasm_provisioner_runtime::{DirectoryWatcher, Runtime};
 
@@ -130,6 +130,21 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
         )),
         None => None,
     };
+    // A node-role instance never leads: it serves its node's calls and follows the
+    // Lease, with no controller and no election (and no permission for either).
+    if let Some(node_local) = node_local.as_ref().filter(|n| n.role() == NodeRole::Node) {
+        health
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        node_local.follow_lease(client, shutdown.clone()).await;
+        shutdown.cancel();
+        if let Some(task) = server_task
+            && let Err(error) = task.await
+        {
+            warn!(%error, "metrics endpoint task failed");
+        }
+        return Ok(());
+    }
     let work = {
         let client = client.clone();
         let metrics = metrics.clone();

@@ -18,7 +18,11 @@ use super::wire::Request;
 
 /// Where each call runs.
 pub struct Backends {
+    /// This host's node: the node of a call that names none.
     own_node: Option<String>,
+    /// Node-local mode: whether this process serves its own node's calls itself (a
+    /// controller does not: they go to the instance on its node).
+    serves_own_node: bool,
     /// Node-local mode: how the leader reaches the other nodes.
     remote: Option<Remote>,
     /// Node-local mode: where the leader publishes each (class, node)'s capacity.
@@ -40,15 +44,25 @@ impl Backends {
     pub fn deployment(own_node: Option<String>) -> Self {
         Self {
             own_node,
+            serves_own_node: true,
             remote: None,
             publishing: None,
         }
     }
 
-    /// Node-local mode: calls for `own_node` here, others through `remote`.
-    pub fn node_local(own_node: String, remote: Remote, publishing: Publishing) -> Self {
+    /// Node-local mode: calls for `own_node` here, others through `remote`. A
+    /// controller (`serves_own_node` false) runs no call for a node: each goes to that
+    /// node's instance, its own node's too; only a call for no node at all (a
+    /// controller told no `--node-name`) runs in its process.
+    pub fn node_local(
+        own_node: Option<String>,
+        serves_own_node: bool,
+        remote: Remote,
+        publishing: Publishing,
+    ) -> Self {
         Self {
-            own_node: Some(own_node),
+            own_node,
+            serves_own_node,
             remote: Some(remote),
             publishing: Some(publishing),
         }
@@ -61,22 +75,21 @@ impl Backends {
 
     /// Node-local mode: the owner of what the leader publishes (its DaemonSet).
     pub fn owner(&self) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
-        let (remote, publishing, node) = (
-            self.remote.as_ref()?,
-            self.publishing.as_ref()?,
-            self.own_node.as_deref()?,
-        );
-        remote.instances().owner_of(node, publishing.pod_ip)
+        let (remote, publishing) = (self.remote.as_ref()?, self.publishing.as_ref()?);
+        match self.own_node.as_deref().filter(|_| self.serves_own_node) {
+            Some(node) => remote.instances().owner_of(node, publishing.pod_ip),
+            None => remote.instances().owner_of_any(),
+        }
     }
 
-    /// Node-local mode: the nodes an instance serves (this one and those the
-    /// instances' pods are on); none in Deployment mode.
+    /// Node-local mode: the nodes an instance serves (this one, unless it is a
+    /// controller, and those the instances' pods are on); none in Deployment mode.
     pub fn nodes(&self) -> Vec<String> {
         let Some(remote) = &self.remote else {
             return Vec::new();
         };
         let mut nodes = remote.instances().nodes();
-        nodes.extend(self.own_node.clone());
+        nodes.extend(self.own_node.clone().filter(|_| self.serves_own_node));
         nodes.sort();
         nodes.dedup();
         nodes
@@ -102,7 +115,8 @@ impl Backends {
     fn remote_for(&self, context: &CallContext) -> Option<(&Remote, String)> {
         let remote = self.remote.as_ref()?;
         let node = context.node.as_deref()?;
-        (Some(node) != self.own_node.as_deref()).then(|| (remote, node.to_string()))
+        let here = self.serves_own_node && Some(node) == self.own_node.as_deref();
+        (!here).then(|| (remote, node.to_string()))
     }
 
     async fn route<T: DeserializeOwned>(

@@ -1,9 +1,10 @@
-//! How an instance gets its node's certificate for a term.
+//! How an instance gets its node's certificate for a term (the leader's side is
+//! [`super::enroller`]).
 //!
 //! The leader advertises, on the Lease it holds, its term CA's certificate and its own
 //! address ([`Advert`]). An instance that sees a new term connects to that address,
 //! trusting only that CA, and sends its projected ServiceAccount token (audience
-//! [`AUDIENCE`], bound to its pod). The leader checks the token with a TokenReview:
+//! [`super::enroller::AUDIENCE`], bound to its pod). The leader checks the token with a TokenReview:
 //! valid, bound to a pod of the instances' selector in the host's namespace, of that
 //! pod's ServiceAccount; it issues a key and certificate for the pod's node — the
 //! node Kubernetes says the pod runs on, never one the instance names.
@@ -14,29 +15,21 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::PostParams;
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::client::{connect, post};
-use super::instances::Instances;
 use super::pki::{self, Authority};
 use super::server::{Channel, Role};
 use super::wire::{ENROLL_PATH, Enrolled, Enrollment};
 
-/// The audience of the instances' projected tokens.
-pub const AUDIENCE: &str = "wasm-provisioner";
 /// The Lease annotation with the leader's term CA certificate (PEM).
 pub const ANNOTATION_CA: &str = "wasm-provisioner.dev/node-channel-ca";
 /// The Lease annotation with the leader's channel address (`ip:port`).
 pub const ANNOTATION_ADDRESS: &str = "wasm-provisioner.dev/node-channel-address";
-
-const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
-const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 
 /// The annotations a leader writes on its Lease.
 pub fn advert_annotations(authority: &Authority, address: SocketAddr) -> BTreeMap<String, String> {
@@ -69,87 +62,6 @@ impl Advert {
             term: spec.lease_transitions.unwrap_or(0),
             ca_pem: annotations.get(ANNOTATION_CA)?.clone(),
             address: annotations.get(ANNOTATION_ADDRESS)?.parse().ok()?,
-        })
-    }
-}
-
-/// The leader's enrolment of instances.
-pub struct Enroller {
-    pub client: Client,
-    pub authority: Arc<Authority>,
-    pub instances: Instances,
-    pub namespace: String,
-    pub term: i32,
-}
-
-impl Enroller {
-    /// Checks `token` and issues its pod's node a certificate; `Err` says why not.
-    pub async fn enroll(&self, token: &str) -> Result<Enrolled, String> {
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_string()),
-                audiences: Some(vec![AUDIENCE.to_string()]),
-            },
-            ..Default::default()
-        };
-        let reviewed = Api::<TokenReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|error| {
-                format!(
-                    "the TokenReview failed (check the host's RBAC: create tokenreviews): {error}"
-                )
-            })?;
-        let status = reviewed.status.unwrap_or_default();
-        if status.authenticated != Some(true) {
-            return Err(format!(
-                "the token was not accepted: {}",
-                status.error.unwrap_or_else(|| "not authenticated".into())
-            ));
-        }
-        let user = status.user.unwrap_or_default();
-        let extra = user.extra.unwrap_or_default();
-        let one = |key: &str| extra.get(key).and_then(|values| values.first()).cloned();
-        let (Some(pod_name), Some(pod_uid)) = (one(POD_NAME), one(POD_UID)) else {
-            return Err(format!(
-                "the token is not bound to a pod: use a projected serviceAccountToken with audience {AUDIENCE}"
-            ));
-        };
-        let Some(pod) = self.instances.pod(&pod_name) else {
-            return Err(format!(
-                "pod {pod_name} is not an instance: no pod of that name matches {:?} in namespace {}",
-                self.instances.selector(),
-                self.namespace
-            ));
-        };
-        if pod.uid().as_deref() != Some(pod_uid.as_str()) {
-            return Err(format!(
-                "the token is bound to an earlier pod named {pod_name}"
-            ));
-        }
-        let spec = pod.spec.clone().unwrap_or_default();
-        let account = spec
-            .service_account_name
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let expected = format!("system:serviceaccount:{}:{account}", self.namespace);
-        if user.username.as_deref() != Some(expected.as_str()) {
-            return Err(format!(
-                "the token is {:?}'s, not {expected}'s, the ServiceAccount of pod {pod_name}",
-                user.username.unwrap_or_default()
-            ));
-        }
-        let Some(node) = spec.node_name else {
-            return Err(format!("pod {pod_name} is not on a node yet"));
-        };
-        let identity = self
-            .authority
-            .issue_node(&node)
-            .map_err(|error| format!("cannot issue a certificate for node {node}: {error}"))?;
-        Ok(Enrolled {
-            node,
-            term: self.term,
-            identity,
         })
     }
 }
@@ -196,6 +108,7 @@ async fn enroll(advert: &Advert, token_file: &Path, own_node: &str) -> Result<Ro
 /// at half a certificate's validity. Runs until `stop`.
 pub async fn follow(
     channel: Arc<Channel>,
+    own_node: String,
     mut leases: watch::Receiver<Option<Lease>>,
     own_identity: String,
     token_file: PathBuf,
@@ -222,9 +135,9 @@ pub async fn follow(
                     // A new leader: the old term's calls are refused from now on.
                     channel.role.send_replace(Role::Waiting);
                 }
-                match enroll(&advert, &token_file, &channel.own_node).await {
+                match enroll(&advert, &token_file, &own_node).await {
                     Ok(role) => {
-                        info!(leader = %advert.holder, term = advert.term, node = %channel.own_node, "node channel: enrolled with the leader");
+                        info!(leader = %advert.holder, term = advert.term, node = %own_node, "node channel: enrolled with the leader");
                         channel.role.send_replace(role);
                     }
                     Err(error) => {

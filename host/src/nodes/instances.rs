@@ -102,18 +102,15 @@ impl Instances {
                 && pod.status.as_ref().and_then(|s| s.pod_ip.as_deref())
                     == Some(ip.to_string().as_str())
         })?;
-        let owner = pod
-            .metadata
-            .owner_references
-            .as_ref()?
-            .iter()
-            .find(|owner| owner.controller == Some(true))?
-            .clone();
-        Some(OwnerReference {
-            controller: None,
-            block_owner_deletion: None,
-            ..owner
-        })
+        controller_of(&pod)
+    }
+
+    /// The controller (the DaemonSet) of the instances' pods: a controller that serves
+    /// no node (`--node-local-role=controller`) owns what it publishes through them.
+    pub fn owner_of_any(&self) -> Option<OwnerReference> {
+        let mut pods = self.pods.state();
+        pods.sort_by_key(|pod| pod.name_any());
+        pods.iter().find_map(|pod| controller_of(pod))
     }
 
     /// The instance on `node`: its live pod with an IP there (the newest, during a
@@ -136,4 +133,20 @@ impl Instances {
                 address: SocketAddr::new(ip, self.port),
             })
     }
+}
+
+/// A pod's controller as an owner reference of another object (not its controller).
+fn controller_of(pod: &Pod) -> Option<OwnerReference> {
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|owner| owner.controller == Some(true))?
+        .clone();
+    Some(OwnerReference {
+        controller: None,
+        block_owner_deletion: None,
+        ..owner
+    })
 }

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use wasm_provisioner_runtime::Runtime;
 
 use super::backends::execute;
-use super::enroll::Enroller;
+use super::enroller::Enroller;
 use super::pki;
 use super::wire::{CALLS_PATH, ENROLL_PATH, Enrollment, NodeCall};
 
@@ -60,7 +60,9 @@ impl Role {
 
 /// The channel's server state.
 pub struct Channel {
-    pub own_node: String,
+    /// The node this instance serves; none for a controller (`--node-local-role=controller`),
+    /// which serves enrolment only.
+    pub own_node: Option<String>,
     pub runtime: Arc<Runtime>,
     pub role: watch::Sender<Role>,
 }
@@ -228,13 +230,13 @@ async fn call(channel: &Channel, term: i32, ca_pem: &str, bytes: &[u8]) -> Respo
         );
     }
     let node = call.request.context().node.clone();
-    if node.as_deref() != Some(channel.own_node.as_str()) {
-        warn!(node = ?node, own = %channel.own_node, "node channel: refused a call for another node");
+    let own_node = channel.own_node.as_deref().unwrap_or("no node");
+    if node.is_none() || node != channel.own_node {
+        warn!(node = ?node, own = %own_node, "node channel: refused a call for another node");
         return refuse(
             StatusCode::FORBIDDEN,
             format!(
-                "this instance serves node {} only; the call is for {}",
-                channel.own_node,
+                "this instance serves {own_node} only; the call is for {}",
                 node.as_deref().unwrap_or("no node")
             ),
         );
@@ -244,7 +246,7 @@ async fn call(channel: &Channel, term: i32, ca_pem: &str, bytes: &[u8]) -> Respo
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "module {} is not loaded on node {} (yet?): check that instance's log",
-                call.module, channel.own_node
+                call.module, own_node
             ),
         );
     };
@@ -284,7 +286,7 @@ mod tests {
     async fn instance(authority: &Authority) -> SocketAddr {
         let identity = authority.issue_node("node-b").unwrap();
         let channel = Arc::new(Channel {
-            own_node: "node-b".into(),
+            own_node: Some("node-b".into()),
             runtime: Arc::new(Runtime::new(RuntimeConfig::default()).unwrap()),
             role: watch::channel(Role::Instance {
                 config: instance_server_config(authority.ca_pem(), &identity).unwrap(),

@@ -1,0 +1,100 @@
+//! The leader's side of enrolment: checks an instance's pod-bound token with a
+//! TokenReview and issues a certificate for the node Kubernetes puts that pod on (the
+//! instance's side is [`super::enroll`]).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+use kube::{Api, Client, ResourceExt};
+
+use super::instances::Instances;
+use super::pki::Authority;
+use super::wire::Enrolled;
+
+/// The audience of the instances' projected tokens.
+pub const AUDIENCE: &str = "wasm-provisioner";
+
+const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+
+/// The leader's enrolment of instances.
+pub struct Enroller {
+    pub client: Client,
+    pub authority: Arc<Authority>,
+    pub instances: Instances,
+    pub namespace: String,
+    pub term: i32,
+}
+
+impl Enroller {
+    /// Checks `token` and issues its pod's node a certificate; `Err` says why not.
+    pub async fn enroll(&self, token: &str) -> Result<Enrolled, String> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: Some(vec![AUDIENCE.to_string()]),
+            },
+            ..Default::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|error| {
+                format!(
+                    "the TokenReview failed (check the host's RBAC: create tokenreviews): {error}"
+                )
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            return Err(format!(
+                "the token was not accepted: {}",
+                status.error.unwrap_or_else(|| "not authenticated".into())
+            ));
+        }
+        let user = status.user.unwrap_or_default();
+        let extra = user.extra.unwrap_or_default();
+        let one = |key: &str| extra.get(key).and_then(|values| values.first()).cloned();
+        let (Some(pod_name), Some(pod_uid)) = (one(POD_NAME), one(POD_UID)) else {
+            return Err(format!(
+                "the token is not bound to a pod: use a projected serviceAccountToken with audience {AUDIENCE}"
+            ));
+        };
+        let Some(pod) = self.instances.pod(&pod_name) else {
+            return Err(format!(
+                "pod {pod_name} is not an instance: no pod of that name matches {:?} in namespace {}",
+                self.instances.selector(),
+                self.namespace
+            ));
+        };
+        if pod.uid().as_deref() != Some(pod_uid.as_str()) {
+            return Err(format!(
+                "the token is bound to an earlier pod named {pod_name}"
+            ));
+        }
+        let spec = pod.spec.clone().unwrap_or_default();
+        let account = spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let expected = format!("system:serviceaccount:{}:{account}", self.namespace);
+        if user.username.as_deref() != Some(expected.as_str()) {
+            return Err(format!(
+                "the token is {:?}'s, not {expected}'s, the ServiceAccount of pod {pod_name}",
+                user.username.unwrap_or_default()
+            ));
+        }
+        let Some(node) = spec.node_name else {
+            return Err(format!("pod {pod_name} is not on a node yet"));
+        };
+        let identity = self
+            .authority
+            .issue_node(&node)
+            .map_err(|error| format!("cannot issue a certificate for node {node}: {error}"))?;
+        Ok(Enrolled {
+            node,
+            term: self.term,
+            identity,
+        })
+    }
+}
