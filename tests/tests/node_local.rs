@@ -12,13 +12,17 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use wasm_provisioner_tests::cluster::wait_for;
+use wasm_provisioner_tests::cluster::{admin_kubeconfig, service_account_token, wait_for};
 use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL, WAIT, scenario};
 use wasm_provisioner_tests::host::{Host, HostConfig};
-use wasm_provisioner_tests::nodes::{hostpath_grants, test_nodes};
+use wasm_provisioner_tests::kubeconfig;
+use wasm_provisioner_tests::nodes::{
+    INSTANCE_ACCOUNT, INSTANCE_LABEL, hostpath_grants, test_nodes,
+};
 
 const NODES: usize = 3;
 const PODS: usize = 30;
@@ -27,6 +31,8 @@ const PODS: usize = 30;
 struct Instance {
     node: String,
     data: PathBuf,
+    /// The channel port (the same for every instance, as a DaemonSet's).
+    port: u16,
     config: HostConfig,
 }
 
@@ -101,6 +107,7 @@ async fn instances_on(
         instances.push(Instance {
             node: node.name,
             data,
+            port: node.port,
             config,
         });
     }
@@ -513,6 +520,179 @@ async fn the_scheduler_places_no_pod_on_a_node_with_too_little_capacity() {
         let _ = drivers.delete(&driver, &DeleteParams::default()).await;
         let _ = std::fs::remove_dir_all(&small_root);
         fx.delete_nodes(&prefix, 2).await;
+        result
+    })
+    .await;
+}
+
+/// The shipped split (`--node-local-role`): a controller that serves no node leads and
+/// writes, and the node instances run with a token that may only read the Lease. Every
+/// volume is still made and deleted on its own node, and that token cannot create a PV.
+#[tokio::test]
+async fn a_controller_and_read_only_node_instances_provision_on_each_node() {
+    scenario("node-roles", async |fx| {
+        const SPLIT_NODES: usize = 2;
+        const SPLIT_PODS: usize = 8;
+        let prefix = format!("nr-{}", fx.ctx.namespace);
+        let result = async {
+            fx.install_module("hostpath", "hostpath");
+            // The node instances' ServiceAccount (test_nodes makes it) may read the
+            // Lease, and list the StorageClasses (a new module version is checked
+            // against them before it serves), and nothing else: deploy/node-local's.
+            let mut instances = instances(fx, &prefix, SPLIT_NODES, &["--node-local-role=node"]).await?;
+            let lease = fx.provisioner.replace('/', "-");
+            let role: Role = serde_json::from_value(json!({
+                "metadata": { "name": "wasm-provisioner-node" },
+                "rules": [{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                            "resourceNames": [lease], "verbs": ["get", "list", "watch"] }],
+            }))?;
+            let binding: RoleBinding = serde_json::from_value(json!({
+                "metadata": { "name": "wasm-provisioner-node" },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wasm-provisioner-node" },
+                "subjects": [{ "kind": "ServiceAccount", "name": INSTANCE_ACCOUNT, "namespace": fx.ctx.namespace }],
+            }))?;
+            let client = fx.ctx.client.clone();
+            Api::<Role>::namespaced(client.clone(), &fx.ctx.namespace).create(&PostParams::default(), &role).await?;
+            Api::<RoleBinding>::namespaced(client.clone(), &fx.ctx.namespace)
+                .create(&PostParams::default(), &binding)
+                .await?;
+            let classes_role = format!("wasm-provisioner-node-{}", fx.ctx.namespace);
+            let cluster_role: ClusterRole = serde_json::from_value(json!({
+                "metadata": { "name": classes_role },
+                "rules": [{ "apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"],
+                            "verbs": ["get", "list", "watch"] }],
+            }))?;
+            let cluster_binding: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": { "name": classes_role },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": classes_role },
+                "subjects": [{ "kind": "ServiceAccount", "name": INSTANCE_ACCOUNT, "namespace": fx.ctx.namespace }],
+            }))?;
+            Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &cluster_role).await?;
+            Api::<ClusterRoleBinding>::all(client.clone())
+                .create(&PostParams::default(), &cluster_binding)
+                .await?;
+            let token = service_account_token(&client, &fx.ctx.namespace, INSTANCE_ACCOUNT).await?;
+            let node_kubeconfig = fx.root.join("node.kubeconfig");
+            kubeconfig::write_with_token(&admin_kubeconfig(), &token, &node_kubeconfig)?;
+            for instance in &mut instances {
+                instance.config.kubeconfig = node_kubeconfig.clone();
+            }
+            // That token cannot make a PV.
+            let node_client = kube::Client::try_from(
+                kube::Config::from_custom_kubeconfig(
+                    kube::config::Kubeconfig::read_from(&node_kubeconfig)?,
+                    &Default::default(),
+                )
+                .await?,
+            )?;
+            let forged: PersistentVolume = serde_json::from_value(json!({
+                "metadata": { "name": format!("forged-{}", fx.ctx.namespace) },
+                "spec": { "capacity": { "storage": "1Mi" }, "accessModes": ["ReadWriteOnce"],
+                          "hostPath": { "path": "/" } },
+            }))?;
+            match Api::<PersistentVolume>::all(node_client).create(&PostParams::default(), &forged).await {
+                Err(kube::Error::Api(status)) if status.code == 403 => {}
+                other => anyhow::bail!("a node instance's token must not create a PV: {other:?}"),
+            }
+
+            // The controller: no node, its own address for enrolment.
+            // A DaemonSet's port: the same on every pod.
+            let port = instances[0].port;
+            let controller_config = fx.host_config(&[
+                "--leader-elect=true",
+                "--mode=node-local",
+                "--node-local-role=controller",
+                "--pod-ip=127.0.0.100",
+                &format!("--node-address=127.0.0.100:{port}"),
+                &format!("--instance-selector={}={}", INSTANCE_LABEL.0, INSTANCE_LABEL.1),
+                "--leader-election-lease-duration=6s",
+                "--leader-election-renew-deadline=4s",
+                "--leader-election-retry-period=1s",
+            ]);
+            let mut hosts: Vec<Option<Host>> = vec![Some(Host::start(&controller_config)?)];
+            for instance in &instances {
+                hosts.push(Some(Host::start(&instance.config)?));
+            }
+            wait_for("the controller to lead", WAIT, || async {
+                Ok((leader(&hosts).ok() == Some(0)).then_some(()))
+            })
+            .await
+            .with_context(|| logs(&hosts))?;
+
+            let class = fx
+                .class(
+                    "hostpath",
+                    &[("nodePath", "/srv/volumes"), ("pvType", "local")],
+                    json!({ "volumeBindingMode": "WaitForFirstConsumer" }),
+                )
+                .await?;
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &fx.ctx.namespace);
+            for i in 0..SPLIT_PODS {
+                let node = &instances[i % SPLIT_NODES].node;
+                fx.claim(&format!("data-{i}"), &class, "1Mi", json!({})).await?;
+                pods.create(&PostParams::default(), &app_pod(fx, &format!("app-{i}"), &format!("data-{i}"), Some(node))?)
+                    .await?;
+            }
+            let mut per_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for i in 0..SPLIT_PODS {
+                let node = instances[i % SPLIT_NODES].node.clone();
+                let pv = fx.wait_bound(&format!("data-{i}")).await.with_context(|| logs(&hosts))?;
+                ensure!(
+                    pv.annotations().get("wasm-provisioner.dev/node") == Some(&node),
+                    "claim data-{i} is on {node}, its PV records {:?}",
+                    pv.annotations().get("wasm-provisioner.dev/node")
+                );
+                per_node.entry(node).or_default().push(pv.name_any());
+            }
+            // Every call went over the channel: the controller made nothing itself.
+            let sent = hosts[0]
+                .as_ref()
+                .and_then(|host| host.metric(r#"wasm_provisioner_node_call_duration_seconds_count{outcome="ok"}"#))
+                .unwrap_or(0.0);
+            ensure!(
+                sent >= (2 * SPLIT_PODS) as f64,
+                "the controller sent {sent} calls; each claim needs at least two (should-provision, provision)"
+            );
+            for instance in &instances {
+                let mut expected = per_node.get(&instance.node).cloned().unwrap_or_default();
+                expected.sort();
+                ensure!(
+                    directories(&instance.data) == expected,
+                    "node {}: its data directory holds {:?}, its volumes are {expected:?}",
+                    instance.node,
+                    directories(&instance.data)
+                );
+            }
+            let claims = fx.claims();
+            for i in 0..SPLIT_PODS {
+                pods.delete(&format!("app-{i}"), &DeleteParams::default().grace_period(0)).await?;
+                claims.delete(&format!("data-{i}"), &DeleteParams::default()).await?;
+            }
+            for volume in per_node.values().flatten() {
+                fx.wait_volume_gone(volume).await.with_context(|| logs(&hosts))?;
+            }
+            for instance in &instances {
+                ensure!(
+                    directories(&instance.data).is_empty(),
+                    "node {} still holds {:?}",
+                    instance.node,
+                    directories(&instance.data)
+                );
+            }
+            for host in hosts.iter_mut().flatten() {
+                host.terminate(Duration::from_secs(20))?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        fx.delete_nodes(&prefix, SPLIT_NODES).await;
+        let classes_role = format!("wasm-provisioner-node-{}", fx.ctx.namespace);
+        let _ = Api::<ClusterRoleBinding>::all(fx.ctx.client.clone())
+            .delete(&classes_role, &DeleteParams::default())
+            .await;
+        let _ = Api::<ClusterRole>::all(fx.ctx.client.clone())
+            .delete(&classes_role, &DeleteParams::default())
+            .await;
         result
     })
     .await;

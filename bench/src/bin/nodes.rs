@@ -21,9 +21,9 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL};
-use wasm_provisioner_tests::host::{Host, HostConfig};
+use wasm_provisioner_tests::host::{Host, HostConfig, free_port};
 use wasm_provisioner_tests::metrics::{Requests, host_requests, parse_samples, settled_requests};
-use wasm_provisioner_tests::nodes::{TestNode, hostpath_grants, test_nodes};
+use wasm_provisioner_tests::nodes::{INSTANCE_LABEL, TestNode, hostpath_grants, test_nodes};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -63,8 +63,9 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let mut figures = Vec::new();
     for &nodes in &args.nodes {
-        figures.push(run(nodes, args.claims, false).await?);
-        figures.push(run(nodes, args.claims, true).await?);
+        for mode in [Mode::Deployment, Mode::NodeLocalAll, Mode::NodeLocalSplit] {
+            figures.push(run(nodes, args.claims, mode).await?);
+        }
     }
     let table = table(&figures);
     println!("{table}");
@@ -72,15 +73,32 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One run: K nodes, N pods with claims, provisioned by one host (`node_local` false)
-/// or an instance per node; then everything deleted.
-async fn run(k: usize, n: usize, node_local: bool) -> anyhow::Result<Figures> {
-    let mode = if node_local {
-        "node-local"
-    } else {
-        "deployment"
-    };
-    eprintln!("run: {mode}, {k} nodes, {n} claims");
+/// How the hosts of a run are deployed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One host, every call in its process.
+    Deployment,
+    /// An instance per node, every one a candidate (`--node-local-role=all`).
+    NodeLocalAll,
+    /// A controller that serves no node and an instance per node that never elects
+    /// (`--node-local-role=controller` and `node`: the shipped manifests).
+    NodeLocalSplit,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Deployment => "deployment",
+            Mode::NodeLocalAll => "node-local, role all",
+            Mode::NodeLocalSplit => "node-local, controller + nodes",
+        }
+    }
+}
+
+/// One run: K nodes, N pods with claims, provisioned by one host or by an instance
+/// per node (and a controller); then everything deleted.
+async fn run(k: usize, n: usize, mode: Mode) -> anyhow::Result<Figures> {
+    eprintln!("run: {}, {k} nodes, {n} claims", mode.label());
     let mut fx = Fixture::new(&format!("bench-nodes-{k}")).await?;
     let prefix = format!("bn-{}", fx.ctx.namespace);
     let result = async {
@@ -91,9 +109,28 @@ async fn run(k: usize, n: usize, node_local: bool) -> anyhow::Result<Figures> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700))?;
         let mut hosts = Vec::new();
-        if node_local {
+        if mode == Mode::NodeLocalSplit {
+            let port = free_port();
+            let config = fx.host_config(&[
+                "--leader-elect=true",
+                "--mode=node-local",
+                "--node-local-role=controller",
+                "--pod-ip=127.0.0.254",
+                &format!("--node-address=127.0.0.254:{port}"),
+                &format!(
+                    "--instance-selector={}={}",
+                    INSTANCE_LABEL.0, INSTANCE_LABEL.1
+                ),
+                &format!("--cache-dir={}", cache.display()),
+            ]);
+            hosts.push(Host::spawn(&config)?);
+        }
+        if mode != Mode::Deployment {
             for node in &nodes {
-                let config = instance_config(&fx, node, &cache)?;
+                let mut config = instance_config(&fx, node, &cache)?;
+                if mode == Mode::NodeLocalSplit {
+                    config.args.push("--node-local-role=node".into());
+                }
                 hosts.push(Host::spawn(&config)?);
             }
         } else {
@@ -155,7 +192,7 @@ async fn run(k: usize, n: usize, node_local: bool) -> anyhow::Result<Figures> {
             let _ = host.terminate(Duration::from_secs(20));
         }
         anyhow::Ok(Figures {
-            mode: mode.into(),
+            mode: mode.label().into(),
             nodes: k,
             claims: n,
             bound_s,
