@@ -283,3 +283,50 @@ pub fn unpack_rootfs(image: &Image, rootfs: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `objects` (a render of the install, in namespace `from`) moved into a test's
+/// `namespace`, so that runs side by side never meet: every object of `from`, and every
+/// subject of `from`, in `namespace`; every cluster-scoped object (ClusterRoles, their
+/// bindings, classes, the CSIDriver) renamed with the suffix `-NAMESPACE`, the roleRefs
+/// following, and owned by the Namespace object `namespace_uid` so the garbage collector
+/// removes it with the namespace should the test fail before it does.
+pub fn into_namespace(
+    objects: &[Value],
+    from: &str,
+    namespace: &str,
+    namespace_uid: &str,
+) -> Vec<Value> {
+    let owner = serde_json::json!([{
+        "apiVersion": "v1", "kind": "Namespace", "name": namespace, "uid": namespace_uid,
+    }]);
+    let renamed =
+        |name: &Value| Value::String(format!("{}-{namespace}", name.as_str().unwrap_or("")));
+    objects
+        .iter()
+        .filter(|object| object["kind"] != "Namespace")
+        .map(|object| {
+            let mut object = object.clone();
+            let metadata = &mut object["metadata"];
+            match metadata["namespace"].as_str() {
+                Some(n) if n == from => metadata["namespace"] = Value::String(namespace.into()),
+                Some(_) => {}
+                None => {
+                    metadata["name"] = renamed(&metadata["name"]);
+                    metadata["ownerReferences"] = owner.clone();
+                }
+            }
+            // (`get_mut`: indexing a missing key mutably would add it, as null.)
+            if let Some(subjects) = object.get_mut("subjects").and_then(Value::as_array_mut) {
+                for subject in subjects {
+                    if subject["namespace"] == from {
+                        subject["namespace"] = Value::String(namespace.into());
+                    }
+                }
+            }
+            if object["roleRef"]["kind"] == "ClusterRole" {
+                object["roleRef"]["name"] = renamed(&object["roleRef"]["name"]);
+            }
+            object
+        })
+        .collect()
+}

@@ -2,8 +2,9 @@
 //! (`helm lint`, `helm template` with default and non-default values, in either mode), the
 //! kustomize base and its overlays (node-local mode's among them), every rendered object
 //! applied with a server-side dry run, the chart's RBAC against `deploy/rbac.yaml` and
-//! node-local mode's against the overlay's, node-local mode's pod against deployment
-//! mode's, the image tarball's metadata against the Deployment,
+//! node-local mode's against the overlay's, node-local mode's two pods (the controller's,
+//! the node instances') against deployment mode's, the node instances' account proven to
+//! read the Lease and nothing else, the image tarball's metadata against the Deployment,
 //! and the Deployment run from the image as kubelet would run it (provision, hot reload,
 //! probes) with the dashboard's and alerts' metrics checked on that host's `/metrics`.
 
@@ -24,8 +25,8 @@ use wasm_provisioner_tests::cluster::{
     wait_for,
 };
 use wasm_provisioner_tests::install::{
-    apply, build_image, describe, helm_template, helm_template_command, kustomize_build, of_kind,
-    one, prepare_modules, run, run_expecting_failure, tool,
+    apply, build_image, describe, helm_template, helm_template_command, into_namespace,
+    kustomize_build, of_kind, one, prepare_modules, run, run_expecting_failure, tool,
 };
 use wasm_provisioner_tests::kubelet::{Cluster, Pod, PodSpec};
 use wasm_provisioner_tests::promql;
@@ -170,10 +171,14 @@ fn non_default_values(dir: &Path) -> anyhow::Result<Vec<(String, std::path::Path
             }),
         ),
         (
-            "node-local mode, its own port and node-gone policy, a class that binds at once",
+            "node-local mode, its own port, node-gone policy and node instances' settings, a class that binds at once",
             json!({
                 "mode": "node-local",
-                "nodeLocal": { "port": 9444, "nodeGonePolicy": "remove", "nodeGoneGrace": "30m" },
+                "nodeLocal": { "port": 9444, "nodeGonePolicy": "remove", "nodeGoneGrace": "30m",
+                    "instances": { "tolerations": [{ "key": "storage", "operator": "Exists" }],
+                                   "nodeSelector": { "kubernetes.io/os": "linux" },
+                                   "resources": { "requests": { "cpu": "50m", "memory": "64Mi" } } },
+                    "serviceAccount": { "name": "nodes", "annotations": { "example.com/owner": "storage" } } },
                 "storageClasses": [
                     { "name": "local", "module": "hostpath",
                       "parameters": { "nodePath": "/var/lib/wasm-provisioner/hostpath" } },
@@ -240,40 +245,43 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
             .await
             .unwrap_or_else(|e| panic!("with {what}: {e:#}"));
         // The server kept what it was given: nothing dropped as unknown (an image volume
-        // behind a disabled feature gate would be).
-        let node_local = workload(&objects)["kind"] == "DaemonSet";
-        let kind = if node_local {
-            "DaemonSet"
+        // behind a disabled feature gate would be). Node-local mode: the Deployment (the
+        // controller) and the DaemonSet (the node instances).
+        let node_local = !of_kind(&objects, "DaemonSet").is_empty();
+        let kinds: &[&str] = if node_local {
+            &["Deployment", "DaemonSet"]
         } else {
-            "Deployment"
+            &["Deployment"]
         };
-        let stored = applied
-            .iter()
-            .find(|o| o["kind"] == kind)
-            .unwrap_or_else(|| panic!("with {what}: the server returned no {kind}"));
-        let volumes = stored["spec"]["template"]["spec"]["volumes"]
-            .as_array()
-            .expect("volumes");
-        let modules = volumes
-            .iter()
-            .find(|v| v["name"] == "modules")
-            .expect("a modules volume");
-        assert!(
-            ["configMap", "image", "emptyDir"]
+        for kind in kinds {
+            let stored = applied
                 .iter()
-                .any(|k| modules.get(*k).is_some()),
-            "with {what}: the server stored a modules volume without a source: {modules}"
-        );
-        if node_local {
-            let token = volumes
+                .find(|o| o["kind"] == *kind)
+                .unwrap_or_else(|| panic!("with {what}: the server returned no {kind}"));
+            let volumes = stored["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .expect("volumes");
+            let modules = volumes
                 .iter()
-                .find(|v| v["name"] == "token")
-                .expect("a token volume");
-            assert_eq!(
-                token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
-                "wasm-provisioner",
-                "with {what}: the server stored {token}"
+                .find(|v| v["name"] == "modules")
+                .expect("a modules volume");
+            assert!(
+                ["configMap", "image", "emptyDir"]
+                    .iter()
+                    .any(|k| modules.get(*k).is_some()),
+                "with {what}: the server stored a {kind} modules volume without a source: {modules}"
             );
+            if *kind == "DaemonSet" {
+                let token = volumes
+                    .iter()
+                    .find(|v| v["name"] == "token")
+                    .expect("a token volume");
+                assert_eq!(
+                    token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+                    "wasm-provisioner",
+                    "with {what}: the server stored {token}"
+                );
+            }
         }
         eprintln!(
             "helm template with {what}: {} objects accepted by a server-side dry run: {}",
@@ -370,10 +378,12 @@ fn rbac_of(objects: &[Value]) -> BTreeSet<String> {
 fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
     prepare_modules();
     // One source of truth per file: the chart's files are links to deploy/rbac.yaml and
-    // to node-local mode's deploy/node-local/rbac.yaml.
+    // to node-local mode's deploy/node-local/rbac.yaml (the controller's) and
+    // deploy/node-local/node-rbac.yaml (the node instances').
     for (file, target) in [
         ("rbac.yaml", "deploy/rbac.yaml"),
         ("node-local-rbac.yaml", "deploy/node-local/rbac.yaml"),
+        ("node-rbac.yaml", "deploy/node-local/node-rbac.yaml"),
     ] {
         let link = repo_root()
             .join("deploy/helm/wasm-provisioner/files")
@@ -402,15 +412,24 @@ fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
     let original = wasm_provisioner_tests::install::parse_documents(&file).unwrap();
     assert_eq!(role["rules"], one(&original, "ClusterRole")["rules"]);
 
-    // Node-local mode: the same plus deploy/node-local/rbac.yaml, which is what the
-    // node-local overlay grants.
-    let node_local_file =
-        std::fs::read_to_string(repo_root().join("deploy/node-local/rbac.yaml")).unwrap();
-    let added =
-        rbac_of(&wasm_provisioner_tests::install::parse_documents(&node_local_file).unwrap());
+    // Node-local mode: the same plus deploy/node-local/rbac.yaml (more for the same
+    // account, the controller's) and deploy/node-local/node-rbac.yaml (the node
+    // instances' own account), which is what the node-local overlay grants.
+    let parse_file = |path: &str| {
+        wasm_provisioner_tests::install::parse_documents(
+            &std::fs::read_to_string(repo_root().join(path)).unwrap(),
+        )
+        .unwrap()
+    };
+    let added = rbac_of(&parse_file("deploy/node-local/rbac.yaml"));
+    let node = rbac_of(&parse_file("deploy/node-local/node-rbac.yaml"));
     assert!(
         !added.is_empty() && added.is_disjoint(&expected),
         "deploy/node-local/rbac.yaml adds nothing to deploy/rbac.yaml"
+    );
+    assert!(
+        !node.is_empty() && node.is_disjoint(&expected) && node.is_disjoint(&added),
+        "deploy/node-local/node-rbac.yaml repeats another file's objects"
     );
     let chart = rbac_of(
         &helm_template(
@@ -420,10 +439,15 @@ fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
         )
         .unwrap(),
     );
+    let all: BTreeSet<String> = expected
+        .iter()
+        .chain(&added)
+        .chain(&node)
+        .cloned()
+        .collect();
     assert_eq!(
-        chart,
-        expected.union(&added).cloned().collect::<BTreeSet<_>>(),
-        "the chart's RBAC in node-local mode is not deploy/rbac.yaml's and deploy/node-local/rbac.yaml's"
+        chart, all,
+        "the chart's RBAC in node-local mode is not deploy/rbac.yaml's, deploy/node-local/rbac.yaml's and deploy/node-local/node-rbac.yaml's"
     );
     let overlay =
         rbac_of(&kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}")));
@@ -432,7 +456,522 @@ fn the_chart_grants_exactly_the_rbac_of_deploy_rbac_yaml() {
         "the chart's RBAC in node-local mode differs from the node-local overlay's"
     );
     // Deployment mode grants none of it.
-    assert!(actual.is_disjoint(&added));
+    assert!(actual.is_disjoint(&added) && actual.is_disjoint(&node));
+}
+
+/// The subjects of the bindings among `objects` that name ServiceAccount
+/// `namespace/account`: the roles it holds, as `Kind/name`.
+fn roles_of(objects: &[Value], namespace: &str, account: &str) -> BTreeSet<String> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding")
+        .filter(|o| {
+            o["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount" && s["name"] == account && s["namespace"] == namespace
+            })
+        })
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["roleRef"]["kind"].as_str().unwrap(),
+                o["roleRef"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// Node-local mode's two accounts, in the overlay and in the chart: the controller (the
+/// Deployment) runs as the account with deployment mode's roles and the node-local ones;
+/// the node instances (the DaemonSet) as their own, bound to one Role only, which may
+/// get, list and watch the one Lease (named as the host names it: the provisioner name
+/// with '/' made '-'), and nothing else.
+#[test]
+fn node_instances_run_as_an_account_that_may_only_read_the_lease() {
+    prepare_modules();
+    let overlay = kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}"));
+    let chart = helm_template(
+        "wasm-provisioner",
+        "wasm-provisioner",
+        &["--set", "mode=node-local"],
+    )
+    .unwrap();
+    let other = helm_template(
+        "other",
+        "elsewhere",
+        &["--set", "mode=node-local,provisionerName=example.com-fast"],
+    )
+    .unwrap();
+    for (what, objects, namespace, prefix, lease) in [
+        (
+            "the overlay",
+            &overlay,
+            "wasm-provisioner",
+            "wasm-provisioner",
+            "wasm-provisioner.dev",
+        ),
+        (
+            "the chart",
+            &chart,
+            "wasm-provisioner",
+            "wasm-provisioner",
+            "wasm-provisioner.dev",
+        ),
+        (
+            "the chart as release other",
+            &other,
+            "elsewhere",
+            "other-wasm-provisioner",
+            "example.com-fast",
+        ),
+    ] {
+        let pod = |kind: &str| one(objects, kind)["spec"]["template"]["spec"].clone();
+        let controller = pod("Deployment")["serviceAccountName"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let node = pod("DaemonSet")["serviceAccountName"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(controller, prefix, "{what}: the Deployment's account");
+        assert_eq!(
+            node,
+            format!("{prefix}-node"),
+            "{what}: the DaemonSet's account"
+        );
+        let accounts: BTreeSet<&str> = of_kind(objects, "ServiceAccount")
+            .iter()
+            .map(|a| a["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            accounts,
+            BTreeSet::from([controller.as_str(), node.as_str()]),
+            "{what}: the ServiceAccounts"
+        );
+        assert_eq!(
+            roles_of(objects, namespace, &controller),
+            BTreeSet::from([
+                format!("ClusterRole/{prefix}"),
+                format!("Role/{prefix}-leader"),
+                format!("ClusterRole/{prefix}-node-local"),
+                format!("Role/{prefix}-node-local"),
+            ]),
+            "{what}: the controller's roles"
+        );
+        let role = format!("{prefix}-node");
+        assert_eq!(
+            roles_of(objects, namespace, &node),
+            BTreeSet::from([format!("Role/{role}")]),
+            "{what}: the node instances' roles"
+        );
+        let granted = of_kind(objects, "Role")
+            .into_iter()
+            .find(|r| r["metadata"]["name"] == role.as_str())
+            .unwrap_or_else(|| panic!("{what}: no Role {role}"));
+        assert_eq!(granted["metadata"]["namespace"], namespace, "{what}");
+        assert_eq!(
+            granted["rules"],
+            json!([{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                     "resourceNames": [lease], "verbs": ["get", "list", "watch"] }]),
+            "{what}: the node instances' Role"
+        );
+    }
+}
+
+/// The lease name of the kustomize install (its default provisioner name).
+const LEASE: &str = "wasm-provisioner.dev";
+
+/// `result` is the API server's refusal (403) of what `what` tried.
+fn refused<T>(what: &str, result: Result<T, kube::Error>) -> anyhow::Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
+        Err(error) => anyhow::bail!("{what}: expected a 403, got {error}"),
+        Ok(_) => anyhow::bail!("{what}: allowed"),
+    }
+}
+
+/// What the API server says `client` may do in `namespace` (a SelfSubjectRulesReview):
+/// every resource rule as `group/resource verb name` (`*` for any name), and the
+/// non-resource rules as `verb path`.
+async fn rules_of(
+    client: &Client,
+    namespace: &str,
+) -> anyhow::Result<(BTreeSet<String>, BTreeSet<String>)> {
+    use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
+    let review = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec {
+            namespace: Some(namespace.to_string()),
+        },
+        ..Default::default()
+    };
+    let status = Api::<SelfSubjectRulesReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await?
+        .status
+        .context("a SelfSubjectRulesReview without status")?;
+    ensure!(
+        !status.incomplete,
+        "the rules review is incomplete: {:?}",
+        status.evaluation_error
+    );
+    let mut resources = BTreeSet::new();
+    for rule in status.resource_rules {
+        let names = rule.resource_names.clone().filter(|n| !n.is_empty());
+        let names = names.unwrap_or_else(|| vec!["*".to_string()]);
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    for name in &names {
+                        resources.insert(format!("{group}/{resource} {verb} {name}"));
+                    }
+                }
+            }
+        }
+    }
+    let mut non_resources = BTreeSet::new();
+    for rule in status.non_resource_rules {
+        for verb in &rule.verbs {
+            for path in rule.non_resource_urls.iter().flatten() {
+                non_resources.insert(format!("{verb} {path}"));
+            }
+        }
+    }
+    Ok((resources, non_resources))
+}
+
+/// The node instances' account, applied from the node-local overlay with all its RBAC
+/// into a test namespace, on the real API server: with a token of it (TokenRequest) a
+/// client can get, list and watch the Lease (list and watch selecting it by name, as the
+/// host's watch does), and is refused everything the controller's account may do and
+/// more: PVs, claims, Events, the Lease's writes, TokenReviews, Secrets,
+/// CSIStorageCapacities, ConfigMaps, pods, nodes. And all it may do in the namespace
+/// (SelfSubjectRulesReview) is that, beside what every authenticated account may do (an
+/// account bound to nothing, asked the same); in another namespace, only that.
+#[tokio::test]
+async fn the_node_instances_account_can_read_and_watch_the_lease_and_nothing_else() {
+    prepare_modules();
+    let ctx = TestContext::new("node-rbac").await.expect("a namespace");
+    let result = node_account_scenario(&ctx).await;
+    ctx.cleanup().await;
+    if let Err(error) = result {
+        panic!("{error:?}");
+    }
+}
+
+async fn node_account_scenario(ctx: &TestContext) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let client = &ctx.client;
+    let namespace = &ctx.namespace;
+    let uid = Api::<Namespace>::all(client.clone())
+        .get(namespace)
+        .await?
+        .uid()
+        .context("the namespace's uid")?;
+    let rbac_kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let rbac: Vec<Value> = kustomize_build("deploy/node-local")?
+        .into_iter()
+        .filter(|o| rbac_kinds.iter().any(|k| o["kind"] == *k))
+        .collect();
+    let objects = into_namespace(&rbac, "wasm-provisioner", namespace, &uid);
+    eprintln!(
+        "applying {}",
+        objects.iter().map(describe).collect::<Vec<_>>().join(", ")
+    );
+    let mut outcome = Ok(());
+    for object in &objects {
+        if let Err(error) = apply(client, object, false).await {
+            outcome = Err(error);
+            break;
+        }
+    }
+    if outcome.is_ok() {
+        outcome = node_account_checks(ctx).await;
+    }
+    for object in objects
+        .iter()
+        .filter(|o| o["metadata"]["namespace"].is_null())
+    {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let _ = match object["kind"].as_str() {
+            Some("ClusterRole") => Api::<ClusterRole>::all(client.clone())
+                .delete(name, &DeleteParams::default())
+                .await
+                .map(drop),
+            Some("ClusterRoleBinding") => Api::<ClusterRoleBinding>::all(client.clone())
+                .delete(name, &DeleteParams::default())
+                .await
+                .map(drop),
+            _ => Ok(()),
+        };
+    }
+    outcome
+}
+
+async fn node_account_checks(ctx: &TestContext) -> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::authentication::v1::TokenReview;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
+    use k8s_openapi::api::storage::v1::CSIStorageCapacity;
+    use kube::api::{
+        ApiResource, DynamicObject, ListParams, Patch, PatchParams, WatchEvent, WatchParams,
+    };
+    use wasm_provisioner_tests::cluster::client_with_token;
+
+    let client = &ctx.client;
+    let namespace = ctx.namespace.as_str();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    for name in [LEASE, "another-lease"] {
+        leases
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": name },
+                    "spec": { "holderIdentity": "someone" },
+                }))?,
+            )
+            .await?;
+    }
+    let token = service_account_token(client, namespace, "wasm-provisioner-node").await?;
+    let node = client_with_token(&token).await?;
+    let node_leases: Api<Lease> = Api::namespaced(node.clone(), namespace);
+
+    // The RoleBinding reaches the authorizer's cache shortly after it is made.
+    wait_for("the node account to read the Lease", WAIT, || async {
+        match node_leases.get(LEASE).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(kube::Error::Api(status)) if status.code == 403 => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    })
+    .await?;
+
+    // What it may do: get, list and watch the one Lease, selected by name.
+    let by_name = format!("metadata.name={LEASE}");
+    let listed = node_leases
+        .list(&ListParams::default().fields(&by_name))
+        .await
+        .context("listing the Lease by name")?;
+    ensure!(
+        listed
+            .items
+            .iter()
+            .map(|l| l.name_any())
+            .collect::<Vec<_>>()
+            == [LEASE],
+        "listing the Lease by name found {:?}",
+        listed
+            .items
+            .iter()
+            .map(|l| l.name_any())
+            .collect::<Vec<_>>()
+    );
+    let version = listed.metadata.resource_version.clone().unwrap_or_default();
+    let mut events = node_leases
+        .watch(
+            &WatchParams::default().fields(&by_name).timeout(60),
+            &version,
+        )
+        .await
+        .context("watching the Lease by name")?
+        .boxed();
+    leases
+        .patch(
+            LEASE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "holderIdentity": "someone-else" } })),
+        )
+        .await?;
+    let seen = tokio::time::timeout(WAIT, async {
+        while let Some(event) = events.next().await {
+            match event? {
+                WatchEvent::Modified(lease)
+                    if lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.holder_identity.as_deref())
+                        == Some("someone-else") =>
+                {
+                    return Ok(lease);
+                }
+                WatchEvent::Error(error) => anyhow::bail!("the watch failed: {error:?}"),
+                _ => {}
+            }
+        }
+        anyhow::bail!("the watch ended before the Lease changed")
+    })
+    .await
+    .context("the Lease's change never reached the watch")??;
+    eprintln!("the node account watched {} change holder", seen.name_any());
+
+    // What it may not do. Writes are dry runs: a grant by mistake changes nothing (a
+    // refusal comes before the object is even read).
+    let post = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let patch = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let delete = DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let label = Patch::Merge(json!({ "metadata": { "labels": { "x": "y" } } }));
+    let dynamic = |resource: &ApiResource, namespaced: bool| -> Api<DynamicObject> {
+        if namespaced {
+            Api::namespaced_with(node.clone(), namespace, resource)
+        } else {
+            Api::all_with(node.clone(), resource)
+        }
+    };
+    let object = |resource: &ApiResource, name: &str, namespaced: bool| {
+        let mut object = DynamicObject::new(name, resource);
+        if namespaced {
+            object = object.within(namespace);
+        }
+        object
+    };
+    let cases: [(ApiResource, bool, &[&str]); 12] = [
+        (
+            ApiResource::erase::<PersistentVolume>(&()),
+            false,
+            &["get", "list", "create", "update", "patch", "delete"],
+        ),
+        (
+            ApiResource::erase::<PersistentVolumeClaim>(&()),
+            true,
+            &["get", "list", "create", "update", "patch", "delete"],
+        ),
+        (ApiResource::erase::<Event>(&()), true, &["create", "patch"]),
+        (
+            ApiResource::erase::<k8s_openapi::api::events::v1::Event>(&()),
+            true,
+            &["create", "patch"],
+        ),
+        (
+            ApiResource::erase::<Lease>(&()),
+            true,
+            &["list", "create", "update", "patch", "delete"],
+        ),
+        (ApiResource::erase::<TokenReview>(&()), false, &["create"]),
+        (
+            ApiResource::erase::<Secret>(&()),
+            true,
+            &["get", "list", "create"],
+        ),
+        (
+            ApiResource::erase::<CSIStorageCapacity>(&()),
+            true,
+            &["get", "list", "create", "update", "patch", "delete"],
+        ),
+        (
+            ApiResource::erase::<ConfigMap>(&()),
+            true,
+            &["get", "list", "create", "update", "patch"],
+        ),
+        (ApiResource::erase::<Pod>(&()), true, &["get", "list"]),
+        (ApiResource::erase::<Node>(&()), false, &["get", "list"]),
+        (
+            ApiResource::erase::<StorageClass>(&()),
+            false,
+            &["list", "create"],
+        ),
+    ];
+    let mut tried = 0;
+    for (resource, namespaced, verbs) in &cases {
+        let api = dynamic(resource, *namespaced);
+        // The Lease's own name for the Lease (what it may read, it may not write).
+        let name = if resource.kind == "Lease" { LEASE } else { "x" };
+        let body = object(resource, name, *namespaced);
+        for verb in *verbs {
+            let what = format!("{verb} {} {name}", resource.plural);
+            let result = match *verb {
+                "get" => api.get(name).await.map(drop),
+                "list" => api.list(&ListParams::default()).await.map(drop),
+                "create" => api.create(&post, &body).await.map(drop),
+                "update" => api.replace(name, &post, &body).await.map(drop),
+                "patch" => api.patch(name, &patch, &label).await.map(drop),
+                "delete" => api.delete(name, &delete).await.map(drop),
+                other => unreachable!("{other}"),
+            };
+            refused(&what, result)?;
+            tried += 1;
+        }
+    }
+    refused("get another Lease", node_leases.get("another-lease").await)?;
+    refused(
+        "watch every Lease",
+        match node_leases
+            .watch(&WatchParams::default().timeout(5), "0")
+            .await
+        {
+            Ok(stream) => match stream.boxed().next().await {
+                Some(Ok(WatchEvent::Error(status))) if status.code == 403 => {
+                    Err(kube::Error::Api(status))
+                }
+                Some(Err(error)) => Err(error),
+                other => Ok(format!("{other:?}")),
+            },
+            Err(error) => Err(error),
+        },
+    )?;
+    eprintln!(
+        "the node account was refused {tried} requests, another Lease and a watch of every Lease"
+    );
+
+    // All it may do, as the API server tells it: the Lease's rule beside what every
+    // account may do (an account bound to nothing, in the same namespace).
+    let nobody_token = service_account_token(client, namespace, "bound-to-nothing").await?;
+    let nobody = client_with_token(&nobody_token).await?;
+    let (rules, non_resource) = rules_of(&node, namespace).await?;
+    let (baseline, baseline_non_resource) = rules_of(&nobody, namespace).await?;
+    let lease_rules: BTreeSet<String> = ["get", "list", "watch"]
+        .iter()
+        .map(|verb| format!("coordination.k8s.io/leases {verb} {LEASE}"))
+        .collect();
+    eprintln!("every account may: {baseline:?}");
+    ensure!(
+        rules
+            == baseline
+                .union(&lease_rules)
+                .cloned()
+                .collect::<BTreeSet<_>>(),
+        "the node account may do, in its namespace, {:?} beyond what any account may, and lacks {:?}",
+        rules.difference(&baseline).collect::<Vec<_>>(),
+        lease_rules.difference(&rules).collect::<Vec<_>>()
+    );
+    ensure!(
+        non_resource == baseline_non_resource,
+        "non-resource rules: {non_resource:?} versus {baseline_non_resource:?}"
+    );
+    // What every account may do is to ask what it may do (and who it is): nothing of
+    // the install's resources.
+    ensure!(
+        baseline
+            .iter()
+            .all(|rule| rule.starts_with("authorization.k8s.io/")
+                || rule.starts_with("authentication.k8s.io/")),
+        "every account may do more than ask about itself here: {baseline:?}"
+    );
+    // Elsewhere, nothing of its own.
+    let (elsewhere, _) = rules_of(&node, "default").await?;
+    let (baseline_elsewhere, _) = rules_of(&nobody, "default").await?;
+    ensure!(
+        elsewhere == baseline_elsewhere,
+        "in namespace default the node account may do {:?} beyond what any account may",
+        elsewhere
+            .difference(&baseline_elsewhere)
+            .collect::<Vec<_>>()
+    );
+    Ok(())
 }
 
 #[test]
@@ -520,24 +1059,25 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
         assert_eq!(class["provisioner"], "second.wasm-provisioner.dev");
     }
 
-    // Node-local mode: the base's ConfigMaps (the same names: the DaemonSet follows the
-    // hashed grants), a DaemonSet and no Deployment (checked further by
-    // `node_local_mode_renders_a_daemon_set_a_csi_driver_and_waiting_classes`).
+    // Node-local mode: the base's ConfigMaps (the same names: both workloads follow the
+    // hashed grants), the base's Deployment as the controller and a DaemonSet of node
+    // instances (checked further by
+    // `node_local_mode_renders_a_controller_node_instances_a_csi_driver_and_waiting_classes`).
     assert_eq!(
         of_kind(&node_local, "ConfigMap"),
         of_kind(&base, "ConfigMap"),
         "the node-local overlay's ConfigMaps differ from the base's"
     );
-    let daemon_set = one(&node_local, "DaemonSet");
-    assert!(
-        daemon_set["spec"]["template"]["spec"]["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|v| v["configMap"]["name"] == grants["metadata"]["name"]),
-        "the DaemonSet mounts the hashed grants ConfigMap"
-    );
-    assert!(of_kind(&node_local, "Deployment").is_empty());
+    for kind in ["Deployment", "DaemonSet"] {
+        assert!(
+            one(&node_local, kind)["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["configMap"]["name"] == grants["metadata"]["name"]),
+            "the node-local {kind} mounts the hashed grants ConfigMap"
+        );
+    }
 
     // One namespace may serve two builds (deploy/ and deploy/node-local/): the ones made
     // are deleted after every dry run, as a namespace being deleted takes no objects.
@@ -605,9 +1145,9 @@ fn the_image_is_what_the_deployment_expects() {
         labels["org.opencontainers.image.source"],
         "https://github.com/wasm-provisioner/wasm-provisioner"
     );
-    // deploy/deployment.yaml names the same image.
+    // deploy/deployment/deployment.yaml names the same image.
     let raw: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(repo_root().join("deploy/deployment.yaml")).unwrap(),
+        &std::fs::read_to_string(repo_root().join("deploy/deployment/deployment.yaml")).unwrap(),
     )
     .unwrap();
     assert!(
@@ -645,7 +1185,7 @@ fn the_chart_s_defaults_are_the_host_s_and_the_base_s() {
     let chart =
         flags(&one(&rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]);
     let base_deployment: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(repo_root().join("deploy/deployment.yaml")).unwrap(),
+        &std::fs::read_to_string(repo_root().join("deploy/deployment/deployment.yaml")).unwrap(),
     )
     .unwrap();
     let base = flags(&base_deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
@@ -702,32 +1242,21 @@ fn the_chart_s_defaults_are_the_host_s_and_the_base_s() {
     }
 }
 
-/// The one Deployment or DaemonSet of a render: the host's pods.
-fn workload(objects: &[Value]) -> &Value {
-    let found: Vec<&Value> = objects
+/// Whether a `matchLabels` selector selects pods labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .expect("a matchLabels selector")
         .iter()
-        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet")
-        .collect();
-    assert_eq!(
-        found.len(),
-        1,
-        "expected one Deployment or DaemonSet, found: {}",
-        found
-            .iter()
-            .map(|o| describe(o))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    found[0]
+        .all(|(key, value)| &labels[key] == value)
 }
 
-/// What node-local mode adds to deployment mode's pod: the entries of the DaemonSet's
-/// container args, env, ports and volume mounts, and of its pod's volumes, after the
-/// Deployment's (which they must start with), as `{"args": [...], "env": [...], ...}`.
-/// Any other difference between the two pod templates is an error.
-fn node_local_additions(deployment: &Value, daemon_set: &Value) -> Result<Value, String> {
-    let deployment_pod = &deployment["spec"]["template"];
-    let mut rest = daemon_set["spec"]["template"].clone();
+/// What node-local mode adds to a pod template: the entries of `template`'s container
+/// args, env, ports and volume mounts, and of its pod's volumes, after `base`'s (which
+/// they must start with), as `{"args": [...], "env": [...], ...}`. Any other difference
+/// between the two pod templates is an error.
+fn additions_to(base: &Value, template: &Value) -> Result<Value, String> {
+    let mut rest = template.clone();
     let mut additions = json!({});
     for (name, pointer) in [
         ("args", "/spec/containers/0/args"),
@@ -736,7 +1265,7 @@ fn node_local_additions(deployment: &Value, daemon_set: &Value) -> Result<Value,
         ("volumeMounts", "/spec/containers/0/volumeMounts"),
         ("volumes", "/spec/volumes"),
     ] {
-        let before = deployment_pod
+        let before = base
             .pointer(pointer)
             .and_then(Value::as_array)
             .cloned()
@@ -744,29 +1273,49 @@ fn node_local_additions(deployment: &Value, daemon_set: &Value) -> Result<Value,
         let after = rest
             .pointer_mut(pointer)
             .and_then(Value::as_array_mut)
-            .ok_or(format!("the DaemonSet's pod has no {name}"))?;
+            .ok_or(format!("the pod has no {name}"))?;
         if !after.starts_with(&before) {
             return Err(format!(
-                "the DaemonSet's {name} do not start with the Deployment's: {}\nversus {}",
+                "its {name} do not start with deployment mode's: {}\nversus {}",
                 Value::Array(after.clone()),
                 Value::Array(before)
             ));
         }
         additions[name] = Value::Array(after.split_off(before.len()));
     }
-    if &rest != deployment_pod {
+    if &rest != base {
         return Err(format!(
-            "the pods differ in more than the node-local additions:\nDaemonSet, without them: {rest}\nDeployment: {deployment_pod}"
+            "the pods differ in more than the node-local additions:\nnode-local, without them: {rest}\ndeployment mode: {base}"
         ));
     }
     Ok(additions)
 }
 
-/// Node-local mode runs the pod of deployment mode plus the channel, the same in the
-/// chart and the kustomize overlay: a change to the base's pod that the DaemonSet
-/// misses, or an addition one of them lacks, fails here.
+/// Deployment mode's pod template as node-local mode's node instances start from it:
+/// without the leader-election flags (an instance never elects), with the DaemonSet's
+/// ServiceAccount and pod labels (which the callers check differ from the Deployment's).
+fn as_node_instance(deployment_pod: &Value, daemon_set_pod: &Value) -> Value {
+    let mut pod = deployment_pod.clone();
+    if let Some(args) = pod
+        .pointer_mut("/spec/containers/0/args")
+        .and_then(Value::as_array_mut)
+    {
+        args.retain(|arg| !arg.as_str().unwrap_or("").starts_with("--leader-elect"));
+    }
+    pod["spec"]["serviceAccountName"] = daemon_set_pod["spec"]["serviceAccountName"].clone();
+    pod["metadata"]["labels"] = daemon_set_pod["metadata"]["labels"].clone();
+    pod
+}
+
+/// Node-local mode runs deployment mode's pod twice, the same in the chart and the
+/// kustomize overlay: as the controller (the Deployment, plus the controller role's
+/// flags, the pod's IP and the channel's port) and as the node instances (the DaemonSet:
+/// without the election flags, plus the node role's flags, the channel's port and the
+/// projected token, under its own ServiceAccount and labels). Hardened the same, with the
+/// same resources, probes, volumes and data directory: a change to the base's pod that
+/// either misses, or an addition one of the installs lacks, fails here.
 #[test]
-fn node_local_mode_runs_deployment_mode_s_pod_plus_the_channel() {
+fn node_local_mode_runs_deployment_mode_s_pod_as_controller_and_as_node_instances() {
     prepare_modules();
     let build = |dir: &str| kustomize_build(dir).unwrap_or_else(|e| panic!("{e:#}"));
     let template = |args: &[&str]| {
@@ -787,12 +1336,16 @@ fn node_local_mode_runs_deployment_mode_s_pod_plus_the_channel() {
     ];
     let mut found = Vec::new();
     for (what, deployment_mode, node_local_mode) in &renders {
+        let base = &one(deployment_mode, "Deployment")["spec"]["template"];
+        let controller = &one(node_local_mode, "Deployment")["spec"]["template"];
         let daemon_set = one(node_local_mode, "DaemonSet");
-        let mut additions = node_local_additions(one(deployment_mode, "Deployment"), daemon_set)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let node = &daemon_set["spec"]["template"];
+
+        let mut controller_additions = additions_to(base, controller)
+            .unwrap_or_else(|e| panic!("{what}, the controller: {e}"));
         // --instance-selector selects the DaemonSet's pods (the chart's carry the
         // release's labels, so its value is the chart's own).
-        let args = additions["args"].as_array_mut().unwrap();
+        let args = controller_additions["args"].as_array_mut().unwrap();
         let position = args
             .iter()
             .position(|a| a.as_str().unwrap().starts_with("--instance-selector="))
@@ -812,61 +1365,156 @@ fn node_local_mode_runs_deployment_mode_s_pod_plus_the_channel() {
             wanted.iter().map(String::as_str).collect::<BTreeSet<_>>(),
             "{what}: {selector} does not select the DaemonSet's pods"
         );
+
+        // The node instances: their own account and labels, no election flag.
+        assert_ne!(
+            node["spec"]["serviceAccountName"], base["spec"]["serviceAccountName"],
+            "{what}: the node instances run as the controller's ServiceAccount"
+        );
+        assert!(
+            !selects(
+                &daemon_set["spec"]["selector"]["matchLabels"],
+                &base["metadata"]["labels"]
+            ),
+            "{what}: the DaemonSet's selector selects the Deployment's pods"
+        );
+        let node_args = node["spec"]["containers"][0]["args"].as_array().unwrap();
+        assert!(
+            !node_args
+                .iter()
+                .any(|a| a.as_str().unwrap().starts_with("--leader-elect")),
+            "{what}: the node instances take part in the election: {node_args:?}"
+        );
+        let node_additions = additions_to(&as_node_instance(base, node), node)
+            .unwrap_or_else(|e| panic!("{what}, the node instances: {e}"));
+        // Said once more, for the reader: hardened as the Deployment.
+        for pointer in [
+            "/spec/securityContext",
+            "/spec/containers/0/securityContext",
+            "/spec/containers/0/resources",
+            "/spec/containers/0/livenessProbe",
+            "/spec/containers/0/readinessProbe",
+        ] {
+            assert_eq!(
+                node.pointer(pointer),
+                base.pointer(pointer),
+                "{what}: {pointer}"
+            );
+        }
         assert_eq!(
             daemon_set["spec"]["updateStrategy"],
             json!({ "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1 } }),
             "{what}"
         );
-        found.push(additions);
+        found.push(json!({ "controller": controller_additions, "node": node_additions }));
     }
     assert_eq!(
         found[0], found[1],
         "the chart's node-local additions differ from the overlay's"
     );
     // What they are (docs/install.md, "Node-local mode"; the host's flags and defaults):
-    // the mode, the channel's address and port, the pod's IP for enrolment, the
-    // projected pod-bound token at --token-file's default, the node-gone policy.
+    // the mode and role; the controller's channel address and port, pod IP (advertised
+    // on the Lease for enrolment) and node-gone policy; the node instances' channel
+    // address and port and the projected pod-bound token at --token-file's default.
+    let node_calls = json!([{ "name": "node-calls", "containerPort": 9443 }]);
     assert_eq!(
         found[0],
         json!({
-            "args": ["--mode=node-local", "--node-address=0.0.0.0:9443",
-                     "--node-gone-policy=keep", "--node-gone-grace=1h"],
-            "env": [{ "name": "WASM_PROVISIONER_POD_IP",
-                      "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } }],
-            "ports": [{ "name": "node-calls", "containerPort": 9443 }],
-            "volumeMounts": [{ "name": "token", "mountPath": "/var/run/secrets/wasm-provisioner",
-                               "readOnly": true }],
-            "volumes": [{ "name": "token", "projected": { "sources": [{ "serviceAccountToken": {
-                "audience": "wasm-provisioner", "expirationSeconds": 3600, "path": "token" } }] } }],
+            "controller": {
+                "args": ["--mode=node-local", "--node-local-role=controller",
+                         "--node-address=0.0.0.0:9443",
+                         "--node-gone-policy=keep", "--node-gone-grace=1h"],
+                "env": [{ "name": "WASM_PROVISIONER_POD_IP",
+                          "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } }],
+                "ports": node_calls,
+                "volumeMounts": [],
+                "volumes": [],
+            },
+            "node": {
+                "args": ["--mode=node-local", "--node-local-role=node",
+                         "--node-address=0.0.0.0:9443"],
+                "env": [],
+                "ports": node_calls,
+                "volumeMounts": [{ "name": "token", "mountPath": "/var/run/secrets/wasm-provisioner",
+                                   "readOnly": true }],
+                "volumes": [{ "name": "token", "projected": { "sources": [{ "serviceAccountToken": {
+                    "audience": "wasm-provisioner", "expirationSeconds": 3600, "path": "token" } }] } }],
+            },
         })
     );
 }
 
-/// Node-local mode, in the overlay and in the chart: a DaemonSet and no Deployment nor
-/// PodDisruptionBudget, the CSIDriver that makes the scheduler read the published
-/// capacity, named as the classes' provisioner, and every class WaitForFirstConsumer.
-/// The chart takes the port and the node-gone policy from its values, and a class's own
-/// binding mode wins; deployment mode renders none of it.
+/// Node-local mode, in the overlay and in the chart: deployment mode's Deployment (the
+/// same name, selector and replicas, so an upgrade changes it in place; the chart's
+/// PodDisruptionBudget with it) as the controller, a DaemonSet of node instances whose
+/// pods no other selector of the install selects and whose selector selects no other
+/// pod, the CSIDriver that makes the scheduler read the published capacity, named as the
+/// classes' provisioner, and every class WaitForFirstConsumer. The chart takes the port,
+/// the node-gone policy and the instances' scheduling and resources from its values, and
+/// a class's own binding mode wins; deployment mode renders none of it.
 #[test]
-fn node_local_mode_renders_a_daemon_set_a_csi_driver_and_waiting_classes() {
+fn node_local_mode_renders_a_controller_node_instances_a_csi_driver_and_waiting_classes() {
     prepare_modules();
-    let overlay = kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}"));
+    let build = |dir: &str| kustomize_build(dir).unwrap_or_else(|e| panic!("{e:#}"));
+    let base = build("deploy");
+    let overlay = build("deploy/node-local");
+    let deployment_mode = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
     let chart = helm_template(
         "wasm-provisioner",
         "wasm-provisioner",
         &["--set", "mode=node-local"],
     )
     .unwrap();
-    for (what, objects) in [("the overlay", &overlay), ("the chart", &chart)] {
-        assert!(
-            of_kind(objects, "Deployment").is_empty(),
-            "{what}: a Deployment"
+    for (what, objects, before) in [
+        ("the overlay", &overlay, &base),
+        ("the chart", &chart, &deployment_mode),
+    ] {
+        let controller = one(objects, "Deployment");
+        let daemon_set = one(objects, "DaemonSet");
+        let deployment = one(before, "Deployment");
+        for pointer in ["/metadata/name", "/spec/selector", "/spec/replicas"] {
+            assert_eq!(
+                controller.pointer(pointer),
+                deployment.pointer(pointer),
+                "{what}: the controller's {pointer} is not deployment mode's"
+            );
+        }
+        assert_ne!(
+            daemon_set["metadata"]["name"], controller["metadata"]["name"],
+            "{what}"
         );
+        let labels = |workload: &Value| workload["spec"]["template"]["metadata"]["labels"].clone();
+        let (controller_pods, node_pods) = (labels(controller), labels(daemon_set));
+        let controller_selector = &controller["spec"]["selector"]["matchLabels"];
+        let node_selector = &daemon_set["spec"]["selector"]["matchLabels"];
+        assert!(selects(controller_selector, &controller_pods), "{what}");
+        assert!(selects(node_selector, &node_pods), "{what}");
         assert!(
-            of_kind(objects, "PodDisruptionBudget").is_empty(),
-            "{what}: a PodDisruptionBudget"
+            !selects(controller_selector, &node_pods) && !selects(node_selector, &controller_pods),
+            "{what}: the Deployment's and the DaemonSet's selectors overlap"
         );
-        assert_eq!(workload(objects)["kind"], "DaemonSet");
+        // Every other selector (the chart's PodDisruptionBudget and metrics Services)
+        // selects one workload's pods, never both.
+        for object in objects
+            .iter()
+            .filter(|o| o["kind"] == "PodDisruptionBudget" || o["kind"] == "Service")
+        {
+            let selector = if object["kind"] == "Service" {
+                &object["spec"]["selector"]
+            } else {
+                &object["spec"]["selector"]["matchLabels"]
+            };
+            assert!(
+                selects(selector, &controller_pods) != selects(selector, &node_pods),
+                "{what}: {} selects the pods of both workloads, or of neither",
+                describe(object)
+            );
+        }
+        assert_eq!(
+            of_kind(objects, "PodDisruptionBudget"),
+            of_kind(before, "PodDisruptionBudget"),
+            "{what}: the PodDisruptionBudget is not deployment mode's"
+        );
         let driver = one(objects, "CSIDriver");
         assert_eq!(
             driver["spec"],
@@ -897,31 +1545,54 @@ fn node_local_mode_renders_a_daemon_set_a_csi_driver_and_waiting_classes() {
             "mode=node-local,nodeLocal.port=9444,nodeLocal.nodeGonePolicy=remove,nodeLocal.nodeGoneGrace=30m",
             "--set",
             "storageClasses[0].name=shared,storageClasses[0].module=nfs-subdir,storageClasses[0].volumeBindingMode=Immediate",
+            "--set",
+            "nodeSelector.role=control,nodeLocal.instances.nodeSelector.role=storage",
+            "--set",
+            "nodeLocal.instances.tolerations[0].operator=Exists,nodeLocal.instances.resources.requests.cpu=50m",
         ],
     )
     .unwrap();
-    let container = &one(&custom, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
-    let args = container["args"].as_array().unwrap();
-    for arg in [
-        "--node-address=0.0.0.0:9444",
-        "--node-gone-policy=remove",
-        "--node-gone-grace=30m",
-    ] {
-        assert!(args.contains(&json!(arg)), "no {arg} in {args:?}");
-    }
-    assert!(
-        container["ports"]
+    let pod = |kind: &str| one(&custom, kind)["spec"]["template"]["spec"].clone();
+    let (controller, node) = (pod("Deployment"), pod("DaemonSet"));
+    let args = |pod: &Value| -> Vec<String> {
+        pod["containers"][0]["args"]
             .as_array()
             .unwrap()
-            .contains(&json!({ "name": "node-calls", "containerPort": 9444 }))
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    for pod in [&controller, &node] {
+        assert!(args(pod).contains(&"--node-address=0.0.0.0:9444".to_string()));
+        assert!(
+            pod["containers"][0]["ports"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({ "name": "node-calls", "containerPort": 9444 }))
+        );
+    }
+    for arg in ["--node-gone-policy=remove", "--node-gone-grace=30m"] {
+        assert!(args(&controller).contains(&arg.to_string()), "no {arg}");
+        assert!(
+            !args(&node).iter().any(|a| a.starts_with("--node-gone")),
+            "the node instances have the controller's {arg}"
+        );
+    }
+    assert_eq!(controller["nodeSelector"], json!({ "role": "control" }));
+    assert_eq!(controller["tolerations"], Value::Null);
+    assert_eq!(
+        controller["containers"][0]["resources"]["requests"]["cpu"],
+        "100m"
     );
+    assert_eq!(node["nodeSelector"], json!({ "role": "storage" }));
+    assert_eq!(node["tolerations"], json!([{ "operator": "Exists" }]));
+    assert_eq!(node["containers"][0]["resources"]["requests"]["cpu"], "50m");
     assert_eq!(
         one(&custom, "StorageClass")["volumeBindingMode"],
         "Immediate"
     );
 
-    let deployment_mode = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
-    assert_eq!(workload(&deployment_mode)["kind"], "Deployment");
+    assert!(of_kind(&deployment_mode, "DaemonSet").is_empty());
     assert!(of_kind(&deployment_mode, "CSIDriver").is_empty());
     one(&deployment_mode, "PodDisruptionBudget");
     let nfs = of_kind(&deployment_mode, "StorageClass")

@@ -21,13 +21,36 @@ app.kubernetes.io/name: {{ include "wasm-provisioner.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* The selector labels as a label selector (node-local mode's --instance-selector). */}}
+{{/* The selector labels as a label selector. */}}
 {{- define "wasm-provisioner.selector" -}}
 {{- $pairs := list -}}
 {{- range $key, $value := include "wasm-provisioner.selectorLabels" . | fromYaml -}}
 {{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
 {{- end -}}
 {{- join "," $pairs -}}
+{{- end -}}
+
+{{/* Node-local mode's node instances (the DaemonSet's pods): a name of their own, so
+the Deployment's selector (selectorLabels, unchanged from deployment mode) never selects
+them and theirs never selects the Deployment's pods. */}}
+{{- define "wasm-provisioner.nodeSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-node" (include "wasm-provisioner.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The node instances' selector labels as a label selector (--instance-selector). */}}
+{{- define "wasm-provisioner.nodeSelector" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := include "wasm-provisioner.nodeSelectorLabels" . | fromYaml -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
+
+{{/* The leader Lease's name, as the host makes it: the provisioner name with '/'
+replaced by '-'. */}}
+{{- define "wasm-provisioner.leaseName" -}}
+{{- .Values.provisionerName | replace "/" "-" -}}
 {{- end -}}
 
 {{- define "wasm-provisioner.labels" -}}
@@ -39,6 +62,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- define "wasm-provisioner.serviceAccountName" -}}
 {{- default (include "wasm-provisioner.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* Node-local mode's node instances' own ServiceAccount. */}}
+{{- define "wasm-provisioner.nodeServiceAccountName" -}}
+{{- default (printf "%s-node" (include "wasm-provisioner.fullname" .)) .Values.nodeLocal.serviceAccount.name -}}
 {{- end -}}
 
 {{/* The grants file's text: the grants value, else files/grants.yaml (deploy/grants/grants.yaml). */}}
