@@ -18,7 +18,7 @@ use crate::host::free_port;
 /// The instances' ServiceAccount.
 pub const INSTANCE_ACCOUNT: &str = "wasm-provisioner";
 /// The instances' pod label (the host's default `--instance-selector`).
-pub const INSTANCE_LABEL: (&str, &str) = ("app", "wasm-provisioner");
+pub const INSTANCE_LABEL: (&str, &str) = ("app", "wasm-provisioner-node");
 
 /// One node and what its instance needs.
 #[derive(Debug, Clone)]

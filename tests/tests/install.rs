@@ -4,7 +4,7 @@
 //! applied with a server-side dry run, the chart's RBAC against `deploy/rbac.yaml` and
 //! node-local mode's against the overlay's, node-local mode's two pods (the controller's,
 //! the node instances') against deployment mode's, the node instances' account proven to
-//! read the Lease and nothing else, the image tarball's metadata against the Deployment,
+//! read the Lease and the StorageClasses and nothing else, the image tarball's metadata against the Deployment,
 //! and the Deployment run from the image as kubelet would run it (provision, hot reload,
 //! probes) with the dashboard's and alerts' metrics checked on that host's `/metrics`.
 
@@ -482,11 +482,12 @@ fn roles_of(objects: &[Value], namespace: &str, account: &str) -> BTreeSet<Strin
 
 /// Node-local mode's two accounts, in the overlay and in the chart: the controller (the
 /// Deployment) runs as the account with deployment mode's roles and the node-local ones;
-/// the node instances (the DaemonSet) as their own, bound to one Role only, which may
-/// get, list and watch the one Lease (named as the host names it: the provisioner name
-/// with '/' made '-'), and nothing else.
+/// the node instances (the DaemonSet) as their own, bound to one Role, which may get,
+/// list and watch the one Lease (named as the host names it: the provisioner name with
+/// '/' made '-'), and one ClusterRole, which may read the StorageClasses (a new module
+/// version is checked against them), and nothing else.
 #[test]
-fn node_instances_run_as_an_account_that_may_only_read_the_lease() {
+fn node_instances_run_as_an_account_that_may_only_read_the_lease_and_the_classes() {
     prepare_modules();
     let overlay = kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}"));
     let chart = helm_template(
@@ -561,8 +562,18 @@ fn node_instances_run_as_an_account_that_may_only_read_the_lease() {
         let role = format!("{prefix}-node");
         assert_eq!(
             roles_of(objects, namespace, &node),
-            BTreeSet::from([format!("Role/{role}")]),
+            BTreeSet::from([format!("Role/{role}"), format!("ClusterRole/{role}")]),
             "{what}: the node instances' roles"
+        );
+        let classes = of_kind(objects, "ClusterRole")
+            .into_iter()
+            .find(|r| r["metadata"]["name"] == role.as_str())
+            .unwrap_or_else(|| panic!("{what}: no ClusterRole {role}"));
+        assert_eq!(
+            classes["rules"],
+            json!([{ "apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"],
+                     "verbs": ["get", "list", "watch"] }]),
+            "{what}: the node instances' ClusterRole"
         );
         let granted = of_kind(objects, "Role")
             .into_iter()
@@ -642,13 +653,14 @@ async fn rules_of(
 /// The node instances' account, applied from the node-local overlay with all its RBAC
 /// into a test namespace, on the real API server: with a token of it (TokenRequest) a
 /// client can get, list and watch the Lease (list and watch selecting it by name, as the
-/// host's watch does), and is refused everything the controller's account may do and
-/// more: PVs, claims, Events, the Lease's writes, TokenReviews, Secrets,
-/// CSIStorageCapacities, ConfigMaps, pods, nodes. And all it may do in the namespace
-/// (SelfSubjectRulesReview) is that, beside what every authenticated account may do (an
-/// account bound to nothing, asked the same); in another namespace, only that.
+/// host's watch does) and the StorageClasses, and is refused everything the controller's
+/// account may do and more: PVs, claims, Events, the Lease's writes, TokenReviews,
+/// Secrets, CSIStorageCapacities, ConfigMaps, pods, nodes, class writes. And all it may do
+/// in the namespace (SelfSubjectRulesReview) is that, beside what every authenticated
+/// account may do (an account bound to nothing, asked the same); in another namespace,
+/// only the StorageClasses' read.
 #[tokio::test]
-async fn the_node_instances_account_can_read_and_watch_the_lease_and_nothing_else() {
+async fn the_node_instances_account_reads_the_lease_and_the_classes_and_nothing_else() {
     prepare_modules();
     let ctx = TestContext::new("node-rbac").await.expect("a namespace");
     let result = node_account_scenario(&ctx).await;
@@ -882,7 +894,7 @@ async fn node_account_checks(ctx: &TestContext) -> anyhow::Result<()> {
         (
             ApiResource::erase::<StorageClass>(&()),
             false,
-            &["list", "create"],
+            &["create", "update", "patch", "delete"],
         ),
     ];
     let mut tried = 0;
@@ -907,6 +919,11 @@ async fn node_account_checks(ctx: &TestContext) -> anyhow::Result<()> {
         }
     }
     refused("get another Lease", node_leases.get("another-lease").await)?;
+    // The StorageClasses it may read (and only read).
+    Api::<StorageClass>::all(node.clone())
+        .list(&ListParams::default())
+        .await
+        .context("the node account listing the StorageClasses")?;
     refused(
         "watch every Lease",
         match node_leases
@@ -933,9 +950,15 @@ async fn node_account_checks(ctx: &TestContext) -> anyhow::Result<()> {
     let nobody = client_with_token(&nobody_token).await?;
     let (rules, non_resource) = rules_of(&node, namespace).await?;
     let (baseline, baseline_non_resource) = rules_of(&nobody, namespace).await?;
+    // The StorageClasses' rule is cluster-wide: the review shows it in every namespace.
+    let class_rules: BTreeSet<String> = ["get", "list", "watch"]
+        .iter()
+        .map(|verb| format!("storage.k8s.io/storageclasses {verb} *"))
+        .collect();
     let lease_rules: BTreeSet<String> = ["get", "list", "watch"]
         .iter()
         .map(|verb| format!("coordination.k8s.io/leases {verb} {LEASE}"))
+        .chain(class_rules.iter().cloned())
         .collect();
     eprintln!("every account may: {baseline:?}");
     ensure!(
@@ -965,7 +988,11 @@ async fn node_account_checks(ctx: &TestContext) -> anyhow::Result<()> {
     let (elsewhere, _) = rules_of(&node, "default").await?;
     let (baseline_elsewhere, _) = rules_of(&nobody, "default").await?;
     ensure!(
-        elsewhere == baseline_elsewhere,
+        elsewhere
+            == baseline_elsewhere
+                .union(&class_rules)
+                .cloned()
+                .collect::<BTreeSet<_>>(),
         "in namespace default the node account may do {:?} beyond what any account may",
         elsewhere
             .difference(&baseline_elsewhere)

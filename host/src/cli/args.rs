@@ -311,7 +311,7 @@ pub const DEFAULT_EVENT_MAX_DELAY: &str = "30s";
 pub const DEFAULT_CAPACITY_POLL_INTERVAL: &str = "60s";
 pub const DEFAULT_NODE_ADDRESS: &str = "0.0.0.0:9443";
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/wasm-provisioner/token";
-pub const DEFAULT_INSTANCE_SELECTOR: &str = "app=wasm-provisioner";
+pub const DEFAULT_INSTANCE_SELECTOR: &str = "app=wasm-provisioner-node";
 pub const DEFAULT_NODE_GONE_GRACE: &str = "1h";
 
 /// How the host is deployed (`--mode`).
