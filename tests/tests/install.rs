@@ -1040,10 +1040,10 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
     let mut pod = Pod::start(
         client,
         PodSpec {
-            deployment,
+            workload: deployment,
             image: &image,
             cluster: &cluster,
-            token: &token,
+            token: Some(&token),
             dir: &pod_dir,
             pod_name: &format!("{release}-0"),
             // The node the claims select (made before the host starts, see `exercise`).
@@ -1051,6 +1051,8 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
             // docs/install.md, "Install into a cluster": the data directory and the granted
             // directories in it (nfs stands in for the mounted NFS export).
             host_path_subdirs: &["hostpath", "nfs"],
+            // The machine's network, as before node-local mode needed pod IPs.
+            network: None,
         },
     )
     .await?;
