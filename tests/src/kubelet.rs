@@ -812,16 +812,23 @@ impl Pod {
         project(&volume.dir, &config_map_files(&api.get(map).await?))
     }
 
-    /// SIGTERM to the container's process (kubelet's stop), then its exit status.
-    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+    /// The container's process: unshare's child (the script execs it).
+    fn container_pid(&self) -> anyhow::Result<i32> {
         let children =
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.child.id()))?;
-        let pid = children
+        Ok(children
             .split_whitespace()
             .next()
             .context("the container's process is gone")?
-            .to_string();
-        Command::new("kill").args(["-TERM", &pid]).status()?;
+            .parse()?)
+    }
+
+    /// SIGTERM to the container's process (kubelet's stop), then its exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let pid = self.container_pid()?;
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -849,9 +856,17 @@ impl Pod {
 
 impl Drop for Pod {
     fn drop(&mut self) {
-        // unshare --kill-child: killing it kills the container; its mounts go with its
-        // mount namespace. Then its network namespace (the field's drop).
+        // SIGKILL to the container's process first: unshare's --kill-child does not
+        // reach it once it runs as the pod's user (a change of user clears the
+        // parent-death signal). Then unshare; the mounts go with its mount namespace,
+        // then its network namespace (the field's drop).
         if let Ok(None) = self.child.try_wait() {
+            if let Ok(pid) = self.container_pid() {
+                // SAFETY: a signal to our own child's child, which unshare reaps.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }

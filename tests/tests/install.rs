@@ -1637,7 +1637,11 @@ async fn exercise_node_local(
                 );
             }
         }
-        eprintln!("PV {name} made on {node} by pod {}", own.name);
+        eprintln!(
+            "PV {name} made on {node} by pod {} after {:.1}s",
+            own.name,
+            started.elapsed().as_secs_f64()
+        );
         made.push((name, path));
     }
 
