@@ -46,8 +46,16 @@ pub fn free_port() -> u16 {
 
 /// A plain HTTP/1.0 GET of `path` on the loopback `port`: (status code, body).
 pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    http_get_at(std::net::Ipv4Addr::LOCALHOST.into(), port, path)
+}
+
+/// A plain HTTP/1.0 GET of `path` on `ip`'s `port` (a pod's IP, say): (status code, body).
+pub fn http_get_at(ip: std::net::IpAddr, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    let mut stream = std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::new(ip, port),
+        Duration::from_secs(5),
+    )?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
     let mut response = String::new();

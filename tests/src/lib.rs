@@ -10,7 +10,8 @@
 //! - [`fixture`]: one end-to-end scenario (namespace, provisioner name, modules, grants).
 //! - [`install`]: the install artefacts of `deploy/`: pinned tools, the chart, the
 //!   kustomize base, the image tarball, server-side apply.
-//! - [`kubelet`]: a rendered Deployment run from the image as kubelet would run it.
+//! - [`kubelet`]: a rendered Deployment's or DaemonSet's pod run from the image as kubelet
+//!   would run it, in a network namespace of its own on a bridge when given one.
 //! - [`nodes`]: node-local mode's nodes, their instances' pods and tokens.
 //! - [`metrics`]: the Prometheus text format and API request counts (the host's, the
 //!   API server's), for the tests and the load benchmark (`bench/`).

@@ -4,15 +4,19 @@
 //! applied with a server-side dry run, the chart's RBAC against `deploy/rbac.yaml` and
 //! node-local mode's against the overlay's, node-local mode's two pods (the controller's,
 //! the node instances') against deployment mode's, the node instances' account proven to
-//! read the Lease and the StorageClasses and nothing else, the image tarball's metadata against the Deployment,
-//! and the Deployment run from the image as kubelet would run it (provision, hot reload,
-//! probes) with the dashboard's and alerts' metrics checked on that host's `/metrics`.
+//! read the Lease and the StorageClasses and nothing else, the image tarball's metadata
+//! against the Deployment, the Deployment run from the image as kubelet would run it
+//! (provision, hot reload, probes) with the dashboard's and alerts' metrics checked on
+//! that host's `/metrics`, and node-local mode's two workloads run the same way (the
+//! controller on a node of its own, one node instance per node, each pod in a network
+//! namespace of its own: enrolment, a volume made and deleted on each claim's node).
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -20,15 +24,17 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use sha2::Digest as _;
+use wasm_provisioner::nodes::enroll::ANNOTATION_ADDRESS;
 use wasm_provisioner_tests::cluster::{
     TestContext, admin_client, admin_kubeconfig, random_suffix, repo_root, service_account_token,
     wait_for,
 };
+use wasm_provisioner_tests::fixture::Fixture;
 use wasm_provisioner_tests::install::{
     apply, build_image, describe, helm_template, helm_template_command, into_namespace,
     kustomize_build, of_kind, one, prepare_modules, run, run_expecting_failure, tool,
 };
-use wasm_provisioner_tests::kubelet::{Cluster, Pod, PodSpec};
+use wasm_provisioner_tests::kubelet::{Cluster, Network, Pod, PodSpec};
 use wasm_provisioner_tests::promql;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -1647,6 +1653,27 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
+/// Deletes the cluster-scoped objects among `objects` (classes, RBAC, the CSIDriver):
+/// the namespaced ones go with the test's namespace. Errors are ignored.
+async fn delete_cluster_objects(client: &Client, objects: &[Value]) {
+    for object in objects {
+        if object["metadata"]["namespace"].is_null()
+            && let (Some(api_version), Some(kind), Some(name)) = (
+                object["apiVersion"].as_str(),
+                object["kind"].as_str(),
+                object["metadata"]["name"].as_str(),
+            )
+        {
+            let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+            let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+            if let Ok((resource, _)) = kube::discovery::pinned_kind(client, &gvk).await {
+                let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+                let _ = api.delete(name, &DeleteParams::default()).await;
+            }
+        }
+    }
+}
+
 /// The Deployment as kubelet would run it, from the chart rendered with this test's
 /// values (its own provisioner name, class names and metrics port, so runs side by side
 /// never meet; everything else is the default), applied to the API server for real.
@@ -1691,25 +1718,6 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
     for object in &objects {
         apply(client, object, false).await?;
     }
-    let cleanup_cluster_objects = || async {
-        for object in &objects {
-            if object["metadata"]["namespace"].is_null()
-                && let (Some(api_version), Some(kind), Some(name)) = (
-                    object["apiVersion"].as_str(),
-                    object["kind"].as_str(),
-                    object["metadata"]["name"].as_str(),
-                )
-            {
-                let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-                let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
-                if let Ok((resource, _)) = kube::discovery::pinned_kind(client, &gvk).await {
-                    let api: Api<kube::api::DynamicObject> =
-                        Api::all_with(client.clone(), &resource);
-                    let _ = api.delete(name, &DeleteParams::default()).await;
-                }
-            }
-        }
-    };
 
     // The node the hostpath claims select (no kubelet registers one), made before the
     // host starts so its node cache has it: a selected node the host does not know is
@@ -1738,10 +1746,10 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
     let mut pod = Pod::start(
         client,
         PodSpec {
-            deployment,
+            workload: deployment,
             image: &image,
             cluster: &cluster,
-            token: &token,
+            token: Some(&token),
             dir: &pod_dir,
             pod_name: &format!("{release}-0"),
             // The node the claims select (made before the host starts, see `exercise`).
@@ -1749,6 +1757,8 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
             // docs/install.md, "Install into a cluster": the data directory and the granted
             // directories in it (nfs stands in for the mounted NFS export).
             host_path_subdirs: &["hostpath", "nfs"],
+            // The machine's network, as before node-local mode needed pod IPs.
+            network: None,
         },
     )
     .await?;
@@ -1765,7 +1775,7 @@ async fn kubelet_scenario(ctx: &TestContext) -> anyhow::Result<()> {
             pod.log_text()
         );
     }
-    cleanup_cluster_objects().await;
+    delete_cluster_objects(client, &objects).await;
     let _ = nodes.delete(&node, &DeleteParams::default()).await;
     outcome.with_context(|| format!("the container's log:\n{}", pod.log_text()))
 }
@@ -2007,6 +2017,356 @@ async fn claims_scenario(
         !made.exists(),
         "{} was not deleted with its claim",
         made.display()
+    );
+    Ok(())
+}
+
+/// The hostname a PV's node affinity requires.
+fn affinity_node(pv: &PersistentVolume) -> Option<String> {
+    let terms = &pv
+        .spec
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms;
+    let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
+    requirement.values.as_ref()?.first().cloned()
+}
+
+/// The nodes a DaemonSet runs a pod on in the node-local test.
+const NODES: usize = 2;
+
+/// Node-local mode as kubelet would run it: the chart rendered with `mode: node-local`
+/// (its own provisioner name and class names, the default ports: each pod has its own
+/// network namespace and IP), applied for real, and every workload of the render run
+/// from the image: each DaemonSet one pod per node on two schedulable Nodes, each
+/// Deployment (should node-local mode render one) one pod on a node of its own. The
+/// pods find the leader, enrol over the pod network with their pod-bound tokens, and
+/// each node's claim is made and deleted in that node's pod's data directory.
+#[tokio::test]
+async fn the_daemonset_runs_from_the_image_as_kubelet_would() {
+    prepare_modules();
+    let fx = Fixture::new("kubelet-daemonset").await.expect("a fixture");
+    let result = daemon_set_scenario(&fx).await;
+    if let Err(error) = &result {
+        panic!("{error:?}");
+    }
+    fx.cleanup().await;
+}
+
+async fn daemon_set_scenario(fx: &Fixture) -> anyhow::Result<()> {
+    let ctx = &fx.ctx;
+    let client = &ctx.client;
+    // In the fixture's files: kept after a failure (the test panics while the fixture
+    // lives), removed with it otherwise.
+    let dir = fx.root.join("kubelet");
+    std::fs::create_dir_all(&dir)?;
+    let release = format!("wp-{}", random_suffix());
+    let provisioner = format!("{}.install.wasm-provisioner.dev", ctx.namespace);
+    let hostpath_class = format!("wasm-hostpath-{}", ctx.namespace);
+    let nfs_class = format!("wasm-nfs-subdir-{}", ctx.namespace);
+    let defaults: Value = serde_yaml::from_str(&std::fs::read_to_string(
+        repo_root().join("deploy/helm/wasm-provisioner/values.yaml"),
+    )?)?;
+    let mut classes = defaults["storageClasses"].clone();
+    classes[0]["name"] = json!(hostpath_class);
+    classes[1]["name"] = json!(nfs_class);
+    let values = dir.join("values.yaml");
+    std::fs::write(
+        &values,
+        serde_yaml::to_string(&json!({
+            "mode": "node-local",
+            "provisionerName": provisioner,
+            "storageClasses": classes,
+        }))?,
+    )?;
+    let objects = helm_template(&release, &ctx.namespace, &["-f", values.to_str().unwrap()])?;
+    // As the server stored them: a DaemonSet's uid makes it its pods' controller.
+    let mut applied = Vec::new();
+    for object in &objects {
+        applied.push(apply(client, object, false).await?);
+    }
+
+    // What runs where: each DaemonSet on every test node, each Deployment on a node
+    // of its own after them.
+    let prefix = format!("{}-node", ctx.namespace);
+    let node = |index: usize| format!("{prefix}-{index}");
+    let mut plan: Vec<(&Value, String)> = Vec::new();
+    for workload in applied.iter().filter(|o| o["kind"] == "DaemonSet") {
+        plan.extend((0..NODES).map(|index| (workload, node(index))));
+    }
+    let mut extra = NODES;
+    for workload in applied.iter().filter(|o| o["kind"] == "Deployment") {
+        plan.push((workload, node(extra)));
+        extra += 1;
+    }
+    ensure!(
+        plan.iter().any(|(w, _)| w["kind"] == "DaemonSet"),
+        "node-local mode rendered no DaemonSet: {}",
+        objects.iter().map(describe).collect::<Vec<_>>().join(", ")
+    );
+
+    let image = build_image(&wasm_provisioner_tests::host::binary(), &dir)?;
+    let cluster = Cluster::from_kubeconfig(&admin_kubeconfig())?;
+    let network = Network::new()?;
+    let mut pods: Vec<Pod> = Vec::new();
+    let outcome = async {
+        // The Nodes first: kubelet registers its Node before it runs pods, and the
+        // leader takes a selected node it does not know for gone.
+        for index in 0..extra {
+            fx.schedulable_node(&node(index)).await?;
+        }
+        for (workload, node) in &plan {
+            let owner = workload["metadata"]["name"].as_str().context("a name")?;
+            // The controllers' names: <daemonset>-<5>, <deployment>-<hash>-<5>.
+            let name = if workload["kind"] == "DaemonSet" {
+                format!("{owner}-{}", &random_suffix()[..5])
+            } else {
+                format!("{owner}-{}-{}", random_suffix(), &random_suffix()[..5])
+            };
+            let pod_dir = dir.join("pods").join(&name);
+            std::fs::create_dir_all(&pod_dir)?;
+            let pod = Pod::start(
+                client,
+                PodSpec {
+                    workload,
+                    image: &image,
+                    cluster: &cluster,
+                    // kubelet's own, bound to the Pod object.
+                    token: None,
+                    dir: &pod_dir,
+                    pod_name: &name,
+                    node_name: node,
+                    host_path_subdirs: &["hostpath", "nfs"],
+                    network: Some(&network),
+                },
+            )
+            .await
+            .with_context(|| format!("starting pod {name} on {node}"))?;
+            eprintln!(
+                "pod {name} of {} {owner} on {node} at {}",
+                workload["kind"].as_str().unwrap_or("?"),
+                pod.ip()
+            );
+            pods.push(pod);
+        }
+        exercise_node_local(
+            fx,
+            &mut pods,
+            &hostpath_class,
+            &(0..NODES).map(node).collect::<Vec<_>>(),
+        )
+        .await
+    }
+    .await;
+    let outcome = match outcome {
+        Err(error) => {
+            eprintln!(
+                "kubelet test files (each pod's volumes and log under pods/) kept in {}",
+                dir.display()
+            );
+            Err(error)
+        }
+        Ok(()) => {
+            // kubelet's stop: SIGTERM to each, a clean exit.
+            let mut stopped = Ok(());
+            for pod in &mut pods {
+                let status = pod.terminate(Duration::from_secs(30));
+                let clean = matches!(&status, Ok(status) if status.success());
+                if !clean && stopped.is_ok() {
+                    stopped = Err(anyhow::anyhow!(
+                        "SIGTERM should stop pod {} cleanly: {status:?}",
+                        pod.name
+                    ));
+                }
+            }
+            stopped
+        }
+    };
+    for pod in &pods {
+        pod.delete_object(client).await;
+    }
+    delete_cluster_objects(client, &objects).await;
+    fx.delete_nodes(&prefix, extra).await;
+    outcome.with_context(|| {
+        pods.iter()
+            .map(|pod| {
+                format!(
+                    "pod {} on {} at {}, its log:\n{}",
+                    pod.name,
+                    pod.node,
+                    pod.ip(),
+                    pod.log_text()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}
+
+async fn exercise_node_local(
+    fx: &Fixture,
+    pods: &mut [Pod],
+    hostpath_class: &str,
+    nodes: &[String],
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    for pod in pods.iter_mut() {
+        pod.wait_probe("livenessProbe", WAIT)?;
+        pod.wait_probe("readinessProbe", WAIT)?;
+    }
+    eprintln!(
+        "{} pods' probes pass after {:.1}s",
+        pods.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let metrics = |pod: &Pod| -> anyhow::Result<String> {
+        let (code, body) = pod.get(pod.probe_port("readinessProbe")?, "/metrics")?;
+        ensure!(code == 200, "/metrics of pod {} answered {code}", pod.name);
+        Ok(body)
+    };
+    let leader = wait_for("one pod to lead", WAIT, || async {
+        for pod in pods.iter() {
+            if metrics(pod)?.contains("wasm_provisioner_leader 1") {
+                return Ok(Some(pod.name.clone()));
+            }
+        }
+        Ok(None)
+    })
+    .await?;
+    // It advertises its pod IP for the instances to enrol at: the pod network's path.
+    let leases: Api<Lease> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+    let advertised: std::net::SocketAddr = wait_for(
+        "the leader's channel address on its Lease",
+        WAIT,
+        || async {
+            Ok(leases
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .find_map(|lease| lease.annotations().get(ANNOTATION_ADDRESS)?.parse().ok()))
+        },
+    )
+    .await?;
+    let leading = pods
+        .iter()
+        .find(|pod| pod.name == leader)
+        .context("the leader")?;
+    ensure!(
+        advertised.ip() == leading.ip()
+            && leading
+                .ports
+                .get("node-calls")
+                .is_none_or(|port| *port == advertised.port()),
+        "the leader {leader} at {} advertises {advertised}",
+        leading.ip()
+    );
+    eprintln!(
+        "pod {leader} leads, advertising {advertised}, after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The test plays the scheduler: each claim names its node.
+    let ctx = &fx.ctx;
+    for (index, node) in nodes.iter().enumerate() {
+        claim(
+            ctx,
+            &format!("hostpath-{index}"),
+            hostpath_class,
+            Some(node),
+        )
+        .await?;
+    }
+    let data = |pod: &Pod| -> anyhow::Result<std::path::PathBuf> {
+        Ok(pod
+            .volumes
+            .get("data")
+            .with_context(|| format!("pod {} has no data volume", pod.name))?
+            .dir
+            .join("hostpath"))
+    };
+    let mut made = Vec::new();
+    for (index, node) in nodes.iter().enumerate() {
+        let volume = wait_bound(ctx, &format!("hostpath-{index}")).await?;
+        let name = volume.name_any();
+        let recorded = volume
+            .annotations()
+            .get("wasm-provisioner.dev/node")
+            .cloned();
+        ensure!(
+            recorded.as_deref() == Some(node.as_str()),
+            "PV {name} of the claim on {node} records node {recorded:?}"
+        );
+        ensure!(
+            affinity_node(&volume).as_deref() == Some(node.as_str()),
+            "PV {name} of the claim on {node} has node affinity {:?}",
+            affinity_node(&volume)
+        );
+        // Made by that node's pod, in its data directory (its node's disk), as the
+        // host's user; in no other pod's.
+        let own = pods
+            .iter()
+            .find(|pod| &pod.node == node && pod.volumes.contains_key("data"))
+            .with_context(|| format!("no pod with a data volume on {node}"))?;
+        let path = data(own)?.join(&name);
+        ensure!(
+            path.is_dir(),
+            "{} was not made in pod {}'s data volume",
+            path.display(),
+            own.name
+        );
+        use std::os::unix::fs::MetadataExt as _;
+        ensure!(
+            std::fs::metadata(&path)?.uid() == 65532,
+            "{} is not 65532's",
+            path.display()
+        );
+        for other in pods.iter().filter(|p| p.name != own.name) {
+            if let Ok(other_data) = data(other) {
+                let elsewhere = other_data.join(&name);
+                ensure!(
+                    !elsewhere.exists(),
+                    "{} was made in pod {}'s data volume too (on {})",
+                    elsewhere.display(),
+                    other.name,
+                    other.node
+                );
+            }
+        }
+        eprintln!(
+            "PV {name} made on {node} by pod {} after {:.1}s",
+            own.name,
+            started.elapsed().as_secs_f64()
+        );
+        made.push((name, path));
+    }
+
+    // The classes reclaim with Delete: each directory goes with its claim.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    for index in 0..nodes.len() {
+        claims
+            .delete(&format!("hostpath-{index}"), &DeleteParams::default())
+            .await?;
+    }
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    for (name, path) in &made {
+        wait_for(&format!("PV {name} deleted"), WAIT, || async {
+            Ok(volumes.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await?;
+        ensure!(
+            !path.exists(),
+            "{} was not deleted with its claim",
+            path.display()
+        );
+    }
+    eprintln!(
+        "{} volumes made and deleted on their nodes after {:.1}s",
+        made.len(),
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }
