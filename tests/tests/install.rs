@@ -1802,9 +1802,7 @@ async fn exercise(
         Ok(body)
     };
     wait_for("this host to lead", WAIT, || async {
-        Ok(metrics(pod)?
-            .contains("wasm_provisioner_leader 1")
-            .then_some(()))
+        Ok(leads(&metrics(pod)?).then_some(()))
     })
     .await?;
 
@@ -2035,6 +2033,14 @@ fn affinity_node(pv: &PersistentVolume) -> Option<String> {
     requirement.values.as_ref()?.first().cloned()
 }
 
+/// Whether a host's `/metrics` says it leads: the gauge's sample line, not its HELP line
+/// (which reads "wasm_provisioner_leader 1 while this process holds...").
+fn leads(metrics: &str) -> bool {
+    metrics
+        .lines()
+        .any(|line| line.trim() == "wasm_provisioner_leader 1")
+}
+
 /// The nodes a DaemonSet runs a pod on in the node-local test.
 const NODES: usize = 2;
 
@@ -2229,7 +2235,7 @@ async fn exercise_node_local(
     };
     let leader = wait_for("one pod to lead", WAIT, || async {
         for pod in pods.iter() {
-            if metrics(pod)?.contains("wasm_provisioner_leader 1") {
+            if leads(&metrics(pod)?) {
                 return Ok(Some(pod.name.clone()));
             }
         }

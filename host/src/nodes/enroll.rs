@@ -103,6 +103,18 @@ async fn enroll(advert: &Advert, token_file: &Path, own_node: &str) -> Result<Ro
     })
 }
 
+/// The wait before the next look at the Lease after `failures` failed enrolments in a
+/// row: `retry` when none failed (the re-enrolment check), else 100 ms doubling, at most
+/// `retry`.
+fn enrol_retry(failures: u32, retry: Duration) -> Duration {
+    if failures == 0 {
+        return retry;
+    }
+    Duration::from_millis(100)
+        .saturating_mul(1 << failures.min(16).saturating_sub(1))
+        .min(retry)
+}
+
 /// Follows the Lease (as the election reads it, published to `leases`): on each new
 /// term, stops serving the old one at once and enrols with the new leader; enrols again
 /// at half a certificate's validity. Runs until `stop`.
@@ -115,6 +127,9 @@ pub async fn follow(
     retry: Duration,
     stop: CancellationToken,
 ) {
+    // Failed enrolments in a row: a leader just elected may not be serving yet, so the
+    // first retries come fast, then slow to `retry`.
+    let mut failures: u32 = 0;
     loop {
         let advert = leases
             .borrow_and_update()
@@ -139,9 +154,11 @@ pub async fn follow(
                     Ok(role) => {
                         info!(leader = %advert.holder, term = advert.term, node = %own_node, "node channel: enrolled with the leader");
                         channel.role.send_replace(role);
+                        failures = 0;
                     }
                     Err(error) => {
-                        warn!(leader = %advert.holder, term = advert.term, %error, "node channel: cannot enrol with the leader; retrying")
+                        warn!(leader = %advert.holder, term = advert.term, %error, "node channel: cannot enrol with the leader; retrying");
+                        failures += 1;
                     }
                 }
             }
@@ -149,7 +166,24 @@ pub async fn follow(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = leases.changed() => {}
-            _ = tokio::time::sleep(retry) => {}
+            _ = tokio::time::sleep(enrol_retry(failures, retry)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::enrol_retry;
+
+    #[test]
+    fn failed_enrolments_retry_fast_then_at_the_retry_period() {
+        let retry = Duration::from_secs(2);
+        let waits: Vec<u128> = (0..8)
+            .map(|failures| enrol_retry(failures, retry).as_millis())
+            .collect();
+        assert_eq!(waits, [2000, 100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(enrol_retry(u32::MAX, retry), retry);
     }
 }

@@ -3,6 +3,7 @@
 //! instance's side is [`super::enroll`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
@@ -18,6 +19,11 @@ pub const AUDIENCE: &str = "wasm-provisioner";
 const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 
+/// How long an enrolment waits for the instances' pod cache to hold the caller's pod: a
+/// leader just elected has not listed the pods yet, and a pod just started may reach the
+/// watch after its first enrolment. A pod that is not an instance is refused after it.
+const POD_CACHE_WAIT: Duration = Duration::from_secs(5);
+
 /// The leader's enrolment of instances.
 pub struct Enroller {
     pub client: Client,
@@ -28,6 +34,21 @@ pub struct Enroller {
 }
 
 impl Enroller {
+    /// The instance's pod named `name` in the pods' cache, waiting up to
+    /// [`POD_CACHE_WAIT`] for the first list and for the pod to arrive.
+    async fn instance_pod(&self, name: &str) -> Option<Arc<k8s_openapi::api::core::v1::Pod>> {
+        let wait = async {
+            self.instances.ready().await;
+            loop {
+                if let Some(pod) = self.instances.pod(name) {
+                    return pod;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(POD_CACHE_WAIT, wait).await.ok()
+    }
+
     /// Checks `token` and issues its pod's node a certificate; `Err` says why not.
     pub async fn enroll(&self, token: &str) -> Result<Enrolled, String> {
         let review = TokenReview {
@@ -60,7 +81,7 @@ impl Enroller {
                 "the token is not bound to a pod: use a projected serviceAccountToken with audience {AUDIENCE}"
             ));
         };
-        let Some(pod) = self.instances.pod(&pod_name) else {
+        let Some(pod) = self.instance_pod(&pod_name).await else {
             return Err(format!(
                 "pod {pod_name} is not an instance: no pod of that name matches {:?} in namespace {}",
                 self.instances.selector(),
