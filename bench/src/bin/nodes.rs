@@ -21,7 +21,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL};
-use wasm_provisioner_tests::host::{Host, HostConfig, free_port};
+use wasm_provisioner_tests::host::{Host, HostConfig};
 use wasm_provisioner_tests::metrics::{Requests, host_requests, parse_samples, settled_requests};
 use wasm_provisioner_tests::nodes::{INSTANCE_LABEL, TestNode, hostpath_grants, test_nodes};
 
@@ -110,7 +110,8 @@ async fn run(k: usize, n: usize, mode: Mode) -> anyhow::Result<Figures> {
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700))?;
         let mut hosts = Vec::new();
         if mode == Mode::NodeLocalSplit {
-            let port = free_port();
+            // A DaemonSet's port: the controller calls every instance on its own.
+            let port = nodes[0].port;
             let config = fx.host_config(&[
                 "--leader-elect=true",
                 "--mode=node-local",
@@ -293,9 +294,11 @@ async fn wait_bound(fx: &Fixture, n: usize) -> anyhow::Result<()> {
 
 async fn delete(fx: &Fixture, n: usize) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(fx.ctx.client.clone(), &fx.ctx.namespace);
+    // The application pods, not the instances' pods (deleting those would leave each
+    // node without the instance its PVs' deletes go to).
     pods.delete_collection(
         &DeleteParams::default().grace_period(0),
-        &ListParams::default(),
+        &ListParams::default().labels(&format!("{}!={}", INSTANCE_LABEL.0, INSTANCE_LABEL.1)),
     )
     .await?;
     fx.claims()
