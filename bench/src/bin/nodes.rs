@@ -39,6 +39,10 @@ struct Args {
     /// Where the table goes (also printed).
     #[arg(long, default_value = "nodes-results")]
     out: PathBuf,
+
+    /// Keep each run's files (every host's log) under `<out>/<mode>-<nodes>/`.
+    #[arg(long)]
+    keep: bool,
 }
 
 /// What one run measured.
@@ -64,7 +68,10 @@ async fn main() -> anyhow::Result<()> {
     let mut figures = Vec::new();
     for &nodes in &args.nodes {
         for mode in [Mode::Deployment, Mode::NodeLocalAll, Mode::NodeLocalSplit] {
-            figures.push(run(nodes, args.claims, mode).await?);
+            let keep = args
+                .keep
+                .then(|| args.out.join(format!("{}-{nodes}", mode.slug())));
+            figures.push(run(nodes, args.claims, mode, keep).await?);
         }
     }
     let table = table(&figures);
@@ -86,6 +93,15 @@ enum Mode {
 }
 
 impl Mode {
+    /// The mode as a directory name.
+    fn slug(self) -> &'static str {
+        match self {
+            Mode::Deployment => "deployment",
+            Mode::NodeLocalAll => "node-local-all",
+            Mode::NodeLocalSplit => "node-local-split",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Mode::Deployment => "deployment",
@@ -97,7 +113,7 @@ impl Mode {
 
 /// One run: K nodes, N pods with claims, provisioned by one host or by an instance
 /// per node (and a controller); then everything deleted.
-async fn run(k: usize, n: usize, mode: Mode) -> anyhow::Result<Figures> {
+async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::Result<Figures> {
     eprintln!("run: {}, {k} nodes, {n} claims", mode.label());
     let mut fx = Fixture::new(&format!("bench-nodes-{k}")).await?;
     let prefix = format!("bn-{}", fx.ctx.namespace);
@@ -144,6 +160,29 @@ async fn run(k: usize, n: usize, mode: Mode) -> anyhow::Result<Figures> {
         }
         for host in &hosts {
             host.wait_ready(Duration::from_secs(300))?;
+        }
+        // Ready is before the module's first compile ends: wait for it on every host,
+        // so the run measures provisioning, not compiling.
+        for host in &hosts {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            loop {
+                let loaded = host
+                    .metric("wasm_provisioner_module_compiles_total")
+                    .unwrap_or(0.0)
+                    + host
+                        .metric("wasm_provisioner_compile_cache_hits_total")
+                        .unwrap_or(0.0);
+                if loaded >= 1.0 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "hostpath not loaded after 300 s; the log:\n{}",
+                        host.log_text()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         let leader = wait_leader(&hosts).await?;
         let class = fx
@@ -206,6 +245,21 @@ async fn run(k: usize, n: usize, mode: Mode) -> anyhow::Result<Figures> {
     }
     .await;
     fx.delete_nodes(&prefix, k).await;
+    if let Some(keep) = keep {
+        let _ = std::fs::remove_dir_all(&keep);
+        let copied = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(&fx.root)
+            .arg(&keep)
+            .status()?;
+        anyhow::ensure!(
+            copied.success(),
+            "copying {} to {}",
+            fx.root.display(),
+            keep.display()
+        );
+        eprintln!("files of the run kept in {}", keep.display());
+    }
     if result.is_ok() {
         fx.cleanup().await;
     }
@@ -361,7 +415,7 @@ fn table(figures: &[Figures]) -> String {
     );
     for f in figures {
         let n = f.claims as f64;
-        let capacity = f.leader.writes_to("csistoragecapacities");
+        let capacity = f.leader.writes_to("csistoragecapacities") + 0.0;
         let mut rss = f.rss_mib.clone();
         rss.sort_by(f64::total_cmp);
         let median = rss.get(rss.len() / 2).copied().unwrap_or(0.0);
@@ -393,9 +447,10 @@ fn table(figures: &[Figures]) -> String {
             f.claims,
             f.bound_s,
             n / f.bound_s,
-            (f.leader.writes() - capacity) / n,
-            f.leader.reads() / n,
-            f.leader.conflicts(),
+            // `+ 0.0`: a difference of zeros may be -0, printed "-0".
+            (f.leader.writes() - capacity) / n + 0.0,
+            f.leader.reads() / n + 0.0,
+            f.leader.conflicts() + 0.0,
             f.deleted_s,
         );
     }

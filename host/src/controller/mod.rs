@@ -39,7 +39,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -212,8 +212,17 @@ async fn run_controller<K, F, E>(
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "{what} controller");
+            use kube::runtime::controller::Error as RunError;
+            match result {
+                Ok(_) => {}
+                // A reconcile queued for an object deleted since: expected, nothing to do.
+                Err(error @ RunError::ObjectNotFound(_)) => debug!(%error, "{what} controller"),
+                // The error policy has logged it (or, a module still loading, chose not
+                // to warn).
+                Err(error @ RunError::ReconcilerFailed(..)) => {
+                    debug!(%error, "{what} controller")
+                }
+                Err(error) => warn!(%error, "{what} controller"),
             }
         })
         .await;

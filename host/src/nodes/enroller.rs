@@ -58,6 +58,7 @@ impl Enroller {
             },
             ..Default::default()
         };
+        let reviewing = std::time::Instant::now();
         let reviewed = Api::<TokenReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
@@ -66,6 +67,7 @@ impl Enroller {
                     "the TokenReview failed (check the host's RBAC: create tokenreviews): {error}"
                 )
             })?;
+        tracing::debug!(took = ?reviewing.elapsed(), "node channel: the enrolling token reviewed");
         let status = reviewed.status.unwrap_or_default();
         if status.authenticated != Some(true) {
             return Err(format!(
@@ -81,7 +83,10 @@ impl Enroller {
                 "the token is not bound to a pod: use a projected serviceAccountToken with audience {AUDIENCE}"
             ));
         };
-        let Some(pod) = self.instance_pod(&pod_name).await else {
+        let waited = std::time::Instant::now();
+        let found = self.instance_pod(&pod_name).await;
+        tracing::debug!(pod = %pod_name, found = found.is_some(), waited = ?waited.elapsed(), "node channel: the enrolling pod in the instances' cache");
+        let Some(pod) = found else {
             return Err(format!(
                 "pod {pod_name} is not an instance: no pod of that name matches {:?} in namespace {}",
                 self.instances.selector(),
