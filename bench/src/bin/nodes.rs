@@ -209,6 +209,19 @@ async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::R
             .await?
             .since(&before);
         let node_calls = node_call_quantiles(&hosts[leader])?;
+        let mut writes: BTreeMap<String, f64> = BTreeMap::new();
+        for ((verb, resource, _), value) in &leader_requests.0 {
+            if matches!(
+                verb.as_str(),
+                "create" | "update" | "patch" | "apply" | "delete"
+            ) {
+                *writes.entry(format!("{verb} {resource}")).or_default() += value;
+            }
+        }
+        eprintln!(
+            "{} over {k} nodes: the leader's writes {writes:?}",
+            mode.label()
+        );
         let rss_mib = hosts
             .iter()
             .filter_map(|h| h.rss_bytes())
