@@ -62,6 +62,11 @@ impl RuntimeCollector {
                     .cloned(),
             )
             .chain(
+                prometheus::core::Collector::desc(&module_versions(&runtime))
+                    .into_iter()
+                    .cloned(),
+            )
+            .chain(
                 prometheus::core::Collector::desc(&compile_limit_refusals(&runtime))
                     .into_iter()
                     .cloned(),
@@ -113,6 +118,9 @@ impl prometheus::core::Collector for RuntimeCollector {
             .chain(prometheus::core::Collector::collect(&grants))
             .chain(prometheus::core::Collector::collect(&stuck))
             .chain(prometheus::core::Collector::collect(&modules_loading(
+                &self.runtime,
+            )))
+            .chain(prometheus::core::Collector::collect(&module_versions(
                 &self.runtime,
             )))
             .chain(prometheus::core::Collector::collect(
@@ -211,6 +219,25 @@ fn modules_loading(runtime: &Runtime) -> IntGaugeVec {
             .into_iter()
             .map(|module| (module, 1)),
     )
+}
+
+/// 1 for the version in service of each module: which bytes serve it (its full sha256, as
+/// a class's `moduleSHA256` pins it) and the plugin's own name for its version.
+fn module_versions(runtime: &Runtime) -> IntGaugeVec {
+    let family = IntGaugeVec::new(
+        Opts::new(
+            "wasm_provisioner_module_version_info",
+            "1 for the version in service of each module: sha256 is the full sha256 of its bytes (what a class's moduleSHA256 pins), plugin_version what the plugin reports",
+        ),
+        &["module", "sha256", "plugin_version"],
+    )
+    .expect("valid gauge");
+    for module in runtime.modules() {
+        family
+            .with_label_values(&[module.name(), module.sha256(), &module.info().version])
+            .set(1);
+    }
+    family
 }
 
 /// 1 for each module the grants file names that the modules directory lacks.
@@ -328,6 +355,22 @@ impl Metrics {
         registry
             .register(Box::new(leader.clone()))
             .expect("unique gauge");
+        // Which build this is: 1, labelled with the crate's version.
+        gauge(
+            "wasm_provisioner_build_info",
+            "1, labelled with the version of the wasm-provisioner build",
+            &["version"],
+        )
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
+        // process_start_time_seconds and the rest, read from /proc/self at each scrape.
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process metrics registered once");
         // The client's request counter is process-wide (one client per process).
         registry
             .register(Box::new(crate::client::KUBE_API_REQUESTS.clone()))

@@ -142,6 +142,73 @@ async fn new_version_is_served_after_the_swap() {
     assert_eq!(runtime.metrics().module("plugin").reloads_total, 2);
 }
 
+/// The host's `/metrics` names the bytes serving each module
+/// (`wasm_provisioner_module_version_info`), and a reload moves the 1 to the new
+/// version; the build and the process are there too.
+#[tokio::test]
+async fn the_metrics_name_the_version_in_service_and_follow_a_reload() {
+    let mut dir = ConfigMapDir::new();
+    let first = wasm("test-echo");
+    dir.publish(&[("plugin", first.clone())]);
+    let runtime = runtime("");
+    let (_watcher, _) = DirectoryWatcher::start(runtime.clone(), dir.path.clone())
+        .await
+        .unwrap();
+    let metrics = wasm_provisioner::metrics::Metrics::new();
+    metrics.register_runtime(runtime.clone());
+    let serving = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|line| line.starts_with("wasm_provisioner_module_version_info{"))
+            .map(str::to_string)
+            .collect()
+    };
+    let before = serving(&metrics.render());
+    assert_eq!(before.len(), 1, "{before:?}");
+    assert!(
+        before[0].contains(r#"module="plugin""#)
+            && before[0].contains(&format!(r#"sha256="{}""#, sha256(&first)))
+            && before[0].ends_with(" 1"),
+        "{before:?}"
+    );
+
+    let second = wasm("hostpath");
+    dir.publish(&[("plugin", second.clone())]);
+    let expected = sha256(&second);
+    wait_for("the new version", || {
+        runtime
+            .module("plugin")
+            .is_some_and(|m| m.sha256() == expected)
+    })
+    .await;
+    let after = serving(&metrics.render());
+    assert_eq!(after.len(), 1, "only the version in service: {after:?}");
+    assert!(
+        after[0].contains(&format!(r#"sha256="{expected}""#))
+            && after[0].contains(r#"plugin_version="0.1.0""#),
+        "{after:?}"
+    );
+
+    let text = metrics.render();
+    assert!(
+        text.contains(&format!(
+            "wasm_provisioner_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "no build_info"
+    );
+    for process in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_start_time_seconds ",
+        "process_open_fds ",
+    ] {
+        assert!(
+            text.lines().any(|line| line.starts_with(process)),
+            "no {process}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn broken_version_is_refused_and_the_old_one_keeps_serving() {
     let mut dir = ConfigMapDir::new();
