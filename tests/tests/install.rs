@@ -298,6 +298,43 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
     ctx.cleanup().await;
 }
 
+/// Every alert of the PrometheusRule carries a `runbook_url`: its own section of
+/// docs/runbooks.md (a heading that is the alert's name), and every section there is an
+/// alert's.
+#[test]
+fn every_alert_links_its_runbook() {
+    const BASE: &str =
+        "https://github.com/wasm-provisioner/wasm-provisioner/blob/main/docs/runbooks.md#";
+    let rules: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/observability/prometheus-rules.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    let runbooks = std::fs::read_to_string(repo_root().join("docs/runbooks.md")).unwrap();
+    let sections: BTreeSet<String> = runbooks
+        .lines()
+        .filter_map(|line| line.strip_prefix("## "))
+        .map(str::to_string)
+        .collect();
+    let mut alerts = BTreeSet::new();
+    for group in rules["spec"]["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let alert = rule["alert"].as_str().unwrap().to_string();
+            assert_eq!(
+                rule["annotations"]["runbook_url"].as_str(),
+                Some(format!("{BASE}{}", alert.to_lowercase()).as_str()),
+                "alert {alert}: its runbook_url"
+            );
+            alerts.insert(alert);
+        }
+    }
+    assert!(alerts.len() >= 12, "{alerts:?}");
+    assert_eq!(
+        sections, alerts,
+        "docs/runbooks.md's sections against the alerts"
+    );
+}
+
 #[test]
 fn bad_chart_values_fail_with_a_clear_message() {
     prepare_modules();
@@ -1998,18 +2035,39 @@ async fn claims_scenario(
     claims
         .delete("hostpath-1", &DeleteParams::default())
         .await?;
-    let outcome = wait_for("a failed attempt and a delete counted", WAIT, || async {
-        let text = metrics(pod)?;
-        let failed = text.contains(&format!(
-            "controller_persistentvolumeclaim_provision_failed_total{{class=\"{failing}\""
-        ));
-        let deleted = text.contains(&format!(
-            "controller_persistentvolume_delete_total{{class=\"{hostpath_class}\"}} 1"
-        ));
-        Ok((failed && deleted).then_some(()))
-    })
+    // And a failed delete: nfs-subdir, which made nfs-1's volume, is gone now.
+    claims.delete("nfs-1", &DeleteParams::default()).await?;
+    let outcome = wait_for(
+        "a failed attempt, a delete and a failed delete counted",
+        WAIT,
+        || async {
+            let text = metrics(pod)?;
+            let failed = text.contains(&format!(
+                "controller_persistentvolumeclaim_provision_failed_total{{class=\"{failing}\""
+            ));
+            let deleted = text.contains(&format!(
+                "controller_persistentvolume_delete_total{{class=\"{hostpath_class}\"}} 1"
+            ));
+            let delete_failed = text.contains(&format!(
+                "controller_persistentvolume_delete_failed_total{{class=\"{nfs_class}\"}}"
+            ));
+            Ok((failed && deleted && delete_failed).then_some(()))
+        },
+    )
     .await;
     let _ = classes.delete(&failing, &DeleteParams::default()).await;
+    // The volume whose module is gone keeps its PV (no orphan): the test lets it go.
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let _ = volumes
+        .patch(
+            &nfs_volume.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await;
+    let _ = volumes
+        .delete(&nfs_volume.name_any(), &DeleteParams::default())
+        .await;
     outcome?;
     ensure!(
         !made.exists(),
