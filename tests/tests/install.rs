@@ -148,7 +148,8 @@ fn non_default_values(dir: &Path) -> anyhow::Result<Vec<(String, std::path::Path
                         { "key": "kubernetes.io/hostname", "values": ["node-1"] }] }],
                     "parameters": { "size": "10" } }],
                 "metrics": { "serviceMonitor": { "enabled": true, "labels": { "release": "prom" } },
-                             "prometheusRule": { "enabled": true } },
+                             "prometheusRule": { "enabled": true },
+                             "dashboard": { "enabled": true, "labels": { "grafana_dashboard": "1", "team": "storage" } } },
                 "image": { "repository": "registry.example.com/wasm-provisioner", "digest":
                     format!("sha256:{}", "a".repeat(64)) },
                 "extraArgs": ["--failed-provision-threshold=30"],
@@ -1042,6 +1043,38 @@ async fn node_account_checks(ctx: &TestContext) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
     );
     Ok(())
+}
+
+/// `metrics.dashboard.enabled` ships deploy/observability/dashboard.json, byte for
+/// byte, as a ConfigMap the Grafana sidecar finds by its default label; off by default.
+#[test]
+fn the_chart_ships_the_dashboard_for_grafana_s_sidecar() {
+    prepare_modules();
+    let name = "wasm-provisioner-dashboard";
+    let default = helm_template("wasm-provisioner", "wasm-provisioner", &[]).unwrap();
+    assert!(
+        of_kind(&default, "ConfigMap")
+            .iter()
+            .all(|c| c["metadata"]["name"] != name),
+        "the dashboard is off by default"
+    );
+    let rendered = helm_template(
+        "wasm-provisioner",
+        "wasm-provisioner",
+        &["--set", "metrics.dashboard.enabled=true"],
+    )
+    .unwrap();
+    let dashboard = of_kind(&rendered, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == name)
+        .expect("the dashboard ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped =
+        std::fs::read_to_string(repo_root().join("deploy/observability/dashboard.json")).unwrap();
+    let json = dashboard["data"]["wasm-provisioner.json"].as_str().unwrap();
+    assert_eq!(json, shipped.trim_end(), "the dashboard, byte for byte");
+    let parsed: Value = serde_json::from_str(json).unwrap();
+    assert!(parsed["panels"].as_array().is_some_and(|p| !p.is_empty()));
 }
 
 #[test]
