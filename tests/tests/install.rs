@@ -1099,6 +1099,28 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
     let overlay =
         kustomize_build("examples/second-provisioner").unwrap_or_else(|e| panic!("{e:#}"));
     let node_local = kustomize_build("deploy/node-local").unwrap_or_else(|e| panic!("{e:#}"));
+    let with_alerts = kustomize_build("examples/with-alerts").unwrap_or_else(|e| panic!("{e:#}"));
+
+    // What the chart has beside the Deployment, the base has too: a PodDisruptionBudget
+    // and a metrics Service that select the Deployment's pods, and (as a component) the
+    // alerts, deploy/observability/prometheus-rules.yaml as it is, in the namespace.
+    let pod_labels = &one(&base, "Deployment")["spec"]["template"]["metadata"]["labels"];
+    let budget = one(&base, "PodDisruptionBudget");
+    assert_eq!(&budget["spec"]["selector"]["matchLabels"], pod_labels);
+    assert_eq!(budget["spec"]["maxUnavailable"], 1);
+    let service = one(&base, "Service");
+    assert_eq!(&service["spec"]["selector"], pod_labels);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
+    assert!(of_kind(&base, "PrometheusRule").is_empty());
+    let rule = one(&with_alerts, "PrometheusRule");
+    let shipped: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/observability/prometheus-rules.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rule["spec"], shipped["spec"]);
+    assert_eq!(rule["metadata"]["namespace"], "wasm-provisioner");
+    assert_eq!(with_alerts.len(), base.len() + 1);
 
     // The modules ConfigMap holds the built guests, byte for byte, and keeps its name
     // (hot reload); the grants ConfigMap is deploy/grants/grants.yaml under a hashed name
@@ -1191,6 +1213,7 @@ async fn the_kustomize_base_and_overlay_are_accepted_by_the_api_server() {
         ("deploy/", &base),
         ("the overlay", &overlay),
         ("deploy/node-local/", &node_local),
+        ("examples/with-alerts", &with_alerts),
     ] {
         match dry_run_all(&client, objects).await {
             Ok((_, created)) => made.extend(created),
