@@ -401,14 +401,25 @@ fn available_bytes(path: &Path) -> anyhow::Result<u64> {
 async fn the_scheduler_places_no_pod_on_a_node_with_too_little_capacity() {
     scenario("node-capacity", async |fx| {
         let prefix = format!("nc-{}", fx.ctx.namespace);
-        // Node 0's disk is /dev/shm (a tmpfs), node 1's the test's temporary directory:
-        // two filesystems with different free space. The claims ask for a size between.
-        let small_root = PathBuf::from("/dev/shm").join(format!("wasm-provisioner-{}", fx.ctx.namespace));
+        // Node 0's disk is a 64 MiB tmpfs mounted for the test, node 1's the test's
+        // temporary directory: two filesystems with different free space, whatever the
+        // machine's disks hold. The claims ask for a size between.
+        let small_root = fx.root.join("small-disk");
         std::fs::create_dir_all(&small_root)?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs"])
+            .arg(&small_root)
+            .status()
+            .context("running mount")?;
+        ensure!(
+            mounted.success(),
+            "this test mounts a 64 MiB tmpfs at {} as a small node disk, and needs root for it (mount said {mounted})",
+            small_root.display()
+        );
         let (small, large) = (available_bytes(&small_root)?, available_bytes(&fx.root)?);
         ensure!(
             large > small + small / 5,
-            "this test needs /dev/shm ({small} bytes free) to have less room than {} ({large} bytes free)",
+            "this test needs {} ({large} bytes free) to have more room than its 64 MiB tmpfs",
             fx.root.display()
         );
         let size = small + (large - small) / 2;
@@ -518,7 +529,10 @@ async fn the_scheduler_places_no_pod_on_a_node_with_too_little_capacity() {
         }
         .await;
         let _ = drivers.delete(&driver, &DeleteParams::default()).await;
-        let _ = std::fs::remove_dir_all(&small_root);
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&small_root)
+            .status();
         fx.delete_nodes(&prefix, 2).await;
         result
     })
