@@ -148,3 +148,17 @@ async fn instance_pod(fx: &Fixture, index: usize, node: &TestNode) -> anyhow::Re
     std::fs::write(&node.token, issued.status.context("no token issued")?.token)?;
     Ok(())
 }
+
+/// The hostname a PV's node affinity requires.
+pub fn affinity_node(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> Option<String> {
+    let terms = &pv
+        .spec
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms;
+    let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
+    requirement.values.as_ref()?.first().cloned()
+}

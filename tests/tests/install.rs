@@ -35,6 +35,7 @@ use wasm_provisioner_tests::install::{
     kustomize_build, of_kind, one, prepare_modules, run, run_expecting_failure, tool,
 };
 use wasm_provisioner_tests::kubelet::{Cluster, Network, Pod, PodSpec};
+use wasm_provisioner_tests::nodes::affinity_node;
 use wasm_provisioner_tests::promql;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -2131,20 +2132,6 @@ async fn claims_scenario(
         made.display()
     );
     Ok(())
-}
-
-/// The hostname a PV's node affinity requires.
-fn affinity_node(pv: &PersistentVolume) -> Option<String> {
-    let terms = &pv
-        .spec
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required
-        .as_ref()?
-        .node_selector_terms;
-    let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
-    requirement.values.as_ref()?.first().cloned()
 }
 
 /// Whether a host's `/metrics` says it leads: the gauge's sample line, not its HELP line

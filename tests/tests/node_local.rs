@@ -21,7 +21,7 @@ use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL, WAIT, scenario};
 use wasm_provisioner_tests::host::{Host, HostConfig};
 use wasm_provisioner_tests::kubeconfig;
 use wasm_provisioner_tests::nodes::{
-    INSTANCE_ACCOUNT, INSTANCE_LABEL, hostpath_grants, test_nodes,
+    INSTANCE_ACCOUNT, INSTANCE_LABEL, affinity_node, hostpath_grants, test_nodes,
 };
 
 const NODES: usize = 3;
@@ -34,20 +34,6 @@ struct Instance {
     /// The channel port (the same for every instance, as a DaemonSet's).
     port: u16,
     config: HostConfig,
-}
-
-/// The hostname a PV's node affinity requires.
-fn affinity_node(pv: &PersistentVolume) -> Option<String> {
-    let terms = &pv
-        .spec
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required
-        .as_ref()?
-        .node_selector_terms;
-    let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
-    requirement.values.as_ref()?.first().cloned()
 }
 
 /// A pod `name` that mounts claim `claim`, on one of the scenario's nodes (or on

@@ -12,25 +12,10 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::cluster::wait_for;
 use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL, WAIT, scenario};
+use wasm_provisioner_tests::nodes::affinity_node;
 
 const NODES: usize = 3;
 const PODS: usize = 6;
-
-/// The hostname a PV's node affinity requires.
-fn affinity_node(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> Option<String> {
-    let terms = &pv
-        .spec
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required
-        .as_ref()?
-        .node_selector_terms;
-    let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
-    (requirement.key == "kubernetes.io/hostname")
-        .then(|| requirement.values.as_ref()?.first().cloned())
-        .flatten()
-}
 
 /// Creates the namespace's default ServiceAccount, which pod admission wants (no
 /// controller makes it here).
