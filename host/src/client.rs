@@ -10,6 +10,11 @@
 //! then `qps` per second. (governor's GCRA is that bucket, kept as one timestamp.) A
 //! watch counts once, when it opens. kube's client serialises every request through one
 //! buffered service, so waiting in `poll_ready` orders requests first come, first served.
+//!
+//! The bytes of every response body are counted too, by verb and resource
+//! (`wasm_provisioner_kube_api_response_bytes_total`), and the watches open right now
+//! (`wasm_provisioner_kube_api_watches_open`): what each instance costs the API server
+//! in watch connections and traffic (docs/benchmarks.md, "Node-local mode").
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -17,11 +22,13 @@ use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use http::{Method, Request, Response};
+use http_body::{Body, Frame, SizeHint};
 use kube::client::ClientBuilder;
 use kube::{Client, Config};
-use prometheus::{IntCounterVec, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use tower::{BoxError, Layer, Service};
 
 /// Requests the host sent to the API server, by verb (Kubernetes' words: get, list,
@@ -37,6 +44,32 @@ pub static KUBE_API_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["verb", "resource", "code"],
     )
     .expect("valid counter")
+});
+
+/// Response body bytes the host received from the API server, by verb and resource (a
+/// watch's events count as they arrive). Registered by [`crate::metrics::Metrics`].
+pub static KUBE_API_RESPONSE_BYTES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    IntCounterVec::new(
+        Opts::new(
+            "wasm_provisioner_kube_api_response_bytes_total",
+            "Bytes of Kubernetes API response bodies received by the host, by verb and resource",
+        ),
+        &["verb", "resource"],
+    )
+    .expect("valid counter")
+});
+
+/// Watches the host holds open on the API server right now, by resource. Registered by
+/// [`crate::metrics::Metrics`].
+pub static KUBE_API_WATCHES_OPEN: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    IntGaugeVec::new(
+        Opts::new(
+            "wasm_provisioner_kube_api_watches_open",
+            "Kubernetes API watches the host holds open, by resource",
+        ),
+        &["resource"],
+    )
+    .expect("valid gauge")
 });
 
 /// A client for `config`: at most `burst` requests at once, `qps` per second on average
@@ -125,7 +158,9 @@ where
     }
 }
 
-/// A tower layer that counts each request in [`KUBE_API_REQUESTS`].
+/// A tower layer that counts each request in [`KUBE_API_REQUESTS`], its response's bytes
+/// in [`KUBE_API_RESPONSE_BYTES`] and, for a watch, the time it is open in
+/// [`KUBE_API_WATCHES_OPEN`].
 #[derive(Clone, Copy)]
 pub struct CountLayer;
 
@@ -147,9 +182,9 @@ where
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
 {
-    type Response = Response<RB>;
+    type Response = Response<CountedBody<RB>>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<RB>, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<CountedBody<RB>>, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -171,8 +206,69 @@ where
             KUBE_API_REQUESTS
                 .with_label_values(&[verb, resource.as_str(), code.as_str()])
                 .inc();
-            response
+            let bytes = KUBE_API_RESPONSE_BYTES.with_label_values(&[verb, resource.as_str()]);
+            let watch = (verb == "watch")
+                .then(|| KUBE_API_WATCHES_OPEN.with_label_values(&[resource.as_str()]));
+            Ok(response?.map(|body| CountedBody::new(body, bytes, watch)))
         })
+    }
+}
+
+/// A response body whose data bytes are counted as they arrive; for a watch, the open
+/// watches gauge is up while the body lives.
+pub struct CountedBody<B> {
+    inner: Pin<Box<B>>,
+    bytes: IntCounter,
+    watch: Option<IntGauge>,
+}
+
+impl<B> CountedBody<B> {
+    fn new(inner: B, bytes: IntCounter, watch: Option<IntGauge>) -> Self {
+        if let Some(open) = &watch {
+            open.inc();
+        }
+        Self {
+            inner: Box::pin(inner),
+            bytes,
+            watch,
+        }
+    }
+}
+
+impl<B> Drop for CountedBody<B> {
+    fn drop(&mut self) {
+        if let Some(open) = &self.watch {
+            open.dec();
+        }
+    }
+}
+
+impl<B> Body for CountedBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let polled = self.inner.as_mut().poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            self.bytes.inc_by(data.len() as u64);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -315,6 +411,26 @@ mod tests {
             elapsed >= Duration::from_millis(90) && elapsed < Duration::from_secs(2),
             "{elapsed:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_counts_its_bytes_and_a_watch_is_open_while_it_lives() {
+        use http_body_util::{BodyExt as _, Full};
+        let bytes = IntCounter::new("bytes", "test").unwrap();
+        let open = IntGauge::new("open", "test").unwrap();
+        let body = CountedBody::new(
+            Full::new(Bytes::from_static(b"{\"type\":\"ADDED\"}")),
+            bytes.clone(),
+            Some(open.clone()),
+        );
+        assert_eq!(open.get(), 1, "the watch is open while its body lives");
+        let collected = body.collect().await.unwrap().to_bytes();
+        assert_eq!(bytes.get(), collected.len() as u64);
+        assert_eq!(open.get(), 0, "the watch closed with its body");
+        // a request that is not a watch counts bytes only
+        let body = CountedBody::new(Full::new(Bytes::from_static(b"{}")), bytes.clone(), None);
+        drop(body);
+        assert_eq!(open.get(), 0);
     }
 
     #[test]

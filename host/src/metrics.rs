@@ -302,6 +302,9 @@ pub struct Metrics {
     pub module_waiting: IntGaugeVec,
     /// 1 while this process holds the leader lease.
     pub leader: IntGauge,
+    /// Node-local mode: 1 while this instance holds a node certificate of the current
+    /// leader's term (its node's calls can reach it).
+    pub node_enrolled: IntGauge,
     /// Volume expansions by class, module and outcome.
     pub expansions_total: IntCounterVec,
     /// One successful expansion, from the module's call to the claim's new capacity.
@@ -355,6 +358,14 @@ impl Metrics {
         registry
             .register(Box::new(leader.clone()))
             .expect("unique gauge");
+        let node_enrolled = IntGauge::new(
+            "wasm_provisioner_node_enrolled",
+            "1 while this instance holds a node certificate of the current leader's term (node-local mode)",
+        )
+        .expect("valid gauge");
+        registry
+            .register(Box::new(node_enrolled.clone()))
+            .expect("unique gauge");
         // Which build this is: 1, labelled with the crate's version.
         gauge(
             "wasm_provisioner_build_info",
@@ -371,10 +382,16 @@ impl Metrics {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metrics registered once");
-        // The client's request counter is process-wide (one client per process).
+        // The client's counters are process-wide (one client per process).
         registry
             .register(Box::new(crate::client::KUBE_API_REQUESTS.clone()))
             .expect("unique counter");
+        registry
+            .register(Box::new(crate::client::KUBE_API_RESPONSE_BYTES.clone()))
+            .expect("unique counter");
+        registry
+            .register(Box::new(crate::client::KUBE_API_WATCHES_OPEN.clone()))
+            .expect("unique gauge");
 
         Self {
             provision_total: counter(
@@ -464,6 +481,7 @@ impl Metrics {
                 DEFAULT_BUCKETS,
             ),
             leader,
+            node_enrolled,
             given_up: {
                 let given_up = counter(
                     "wasm_provisioner_given_up_total",

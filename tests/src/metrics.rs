@@ -217,7 +217,8 @@ impl Requests {
     }
 }
 
-fn is_write(verb: &str) -> bool {
+/// Whether `verb` (Kubernetes' word, as the request counter has it) changes an object.
+pub fn is_write(verb: &str) -> bool {
     matches!(
         verb,
         "create" | "update" | "patch" | "apply" | "delete" | "deletecollection"
@@ -229,6 +230,34 @@ pub fn host_requests<P: MetricsEndpoint + ?Sized>(host: &P) -> anyhow::Result<Re
     Ok(Requests::from_client(&parse_samples(
         &host.get("/metrics")?.1,
     )))
+}
+
+/// The watches a host holds open (by resource) and the bytes its watches have received,
+/// from `wasm_provisioner_kube_api_watches_open` and
+/// `wasm_provisioner_kube_api_response_bytes_total{verb="watch"}`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Watches {
+    pub open: BTreeMap<String, f64>,
+    pub bytes: f64,
+}
+
+pub fn host_watches<P: MetricsEndpoint + ?Sized>(host: &P) -> anyhow::Result<Watches> {
+    let mut watches = Watches::default();
+    for sample in parse_samples(&host.get("/metrics")?.1) {
+        let resource = sample.labels.get("resource").cloned().unwrap_or_default();
+        match sample.name.as_str() {
+            "wasm_provisioner_kube_api_watches_open" if sample.value > 0.0 => {
+                watches.open.insert(resource, sample.value);
+            }
+            "wasm_provisioner_kube_api_response_bytes_total"
+                if sample.labels.get("verb").map(String::as_str) == Some("watch") =>
+            {
+                watches.bytes += sample.value;
+            }
+            _ => {}
+        }
+    }
+    Ok(watches)
 }
 
 /// The provisioner's request count once it stopped moving for `quiet` (a provisioner at

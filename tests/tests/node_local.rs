@@ -20,6 +20,7 @@ use wasm_provisioner_tests::cluster::{admin_kubeconfig, service_account_token, w
 use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL, WAIT, scenario};
 use wasm_provisioner_tests::host::{Host, HostConfig};
 use wasm_provisioner_tests::kubeconfig;
+use wasm_provisioner_tests::metrics::host_watches;
 use wasm_provisioner_tests::nodes::{
     INSTANCE_ACCOUNT, INSTANCE_LABEL, affinity_node, hostpath_grants, test_nodes,
 };
@@ -185,6 +186,26 @@ async fn each_volume_is_made_and_deleted_by_its_node_s_instance() {
                 .and_then(|host| host.metric(r#"wasm_provisioner_node_call_duration_seconds_count{outcome="ok"}"#))
                 .unwrap_or(0.0);
             ensure!(sent > 0.0, "the leader sent no call to another node's instance");
+            // What each costs the API server: the other instances are enrolled and hold
+            // no watch (of claims, PVs or anything); the leader watches claims and PVs.
+            for (i, host) in hosts.iter().enumerate().filter(|(i, _)| *i != leader) {
+                let host = host.as_ref().context("every instance runs")?;
+                ensure!(
+                    host.metric("wasm_provisioner_node_enrolled") == Some(1.0),
+                    "instance {i} is not enrolled with the leader:\n{}",
+                    host.log_text()
+                );
+                let watches = host_watches(host)?;
+                ensure!(watches.open.is_empty(), "instance {i}, not the leader, holds watches: {watches:?}");
+            }
+            let leading = host_watches(hosts[leader].as_ref().context("the leader runs")?)?;
+            ensure!(
+                ["persistentvolumeclaims", "persistentvolumes"]
+                    .iter()
+                    .all(|resource| leading.open.get(*resource) == Some(&1.0))
+                    && leading.bytes > 0.0,
+                "the leader's watches: {leading:?}"
+            );
             for instance in &instances {
                 let mut expected = per_node.get(&instance.node).cloned().unwrap_or_default();
                 expected.sort();
@@ -652,6 +673,28 @@ async fn a_controller_and_read_only_node_instances_provision_on_each_node() {
             ensure!(
                 sent >= (2 * SPLIT_PODS) as f64,
                 "the controller sent {sent} calls; each claim needs at least two (should-provision, provision)"
+            );
+            // What each costs the API server: the node instances hold one watch, of the
+            // Lease, and are enrolled; the controller watches claims and PVs.
+            for host in hosts.iter().skip(1).flatten() {
+                ensure!(
+                    host.metric("wasm_provisioner_node_enrolled") == Some(1.0),
+                    "a node instance is not enrolled with the controller:\n{}",
+                    host.log_text()
+                );
+                let watches = host_watches(host)?;
+                ensure!(
+                    watches.open == BTreeMap::from([("leases".to_string(), 1.0)]) && watches.bytes > 0.0,
+                    "a node instance holds these watches (it must hold the Lease's alone): {watches:?}"
+                );
+            }
+            let controller = host_watches(hosts[0].as_ref().context("the controller runs")?)?;
+            ensure!(
+                ["persistentvolumeclaims", "persistentvolumes"]
+                    .iter()
+                    .all(|resource| controller.open.get(*resource) == Some(&1.0))
+                    && controller.bytes > 0.0,
+                "the controller's watches: {controller:?}"
             );
             for instance in &instances {
                 let mut expected = per_node.get(&instance.node).cloned().unwrap_or_default();

@@ -4,8 +4,9 @@
 //! "node", each with its own data directory standing for its disk). Prints, per run:
 //! claims/s, the leader's API requests per volume (and its CSIStorageCapacity writes
 //! apart), 409 conflicts, the leader→instance call time (p50, p99), RSS per instance,
-//! and what the other instances asked of the API (they should hold no watch of claims
-//! or PVs). Needs a control plane with kube-scheduler (KUBECONFIG; bench/nodes.sh
+//! what the other instances asked of the API, and the watches each instance holds and
+//! the bytes they brought during the run (the other instances should hold no watch of
+//! claims or PVs). Needs a control plane with kube-scheduler (KUBECONFIG; bench/nodes.sh
 //! starts one).
 
 use std::collections::BTreeMap;
@@ -22,7 +23,9 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL};
 use wasm_provisioner_tests::host::{Host, HostConfig};
-use wasm_provisioner_tests::metrics::{Requests, host_requests, parse_samples, settled_requests};
+use wasm_provisioner_tests::metrics::{
+    Requests, Watches, host_requests, host_watches, is_write, parse_samples, settled_requests,
+};
 use wasm_provisioner_tests::nodes::{INSTANCE_LABEL, TestNode, hostpath_grants, test_nodes};
 
 #[derive(Parser, Debug)]
@@ -59,6 +62,14 @@ struct Figures {
     rss_mib: Vec<f64>,
     /// Every other instance's requests, summed (watches included).
     others: Requests,
+    /// The leader's watch bytes during the run.
+    leader_watch_bytes: f64,
+    /// The watches the leader holds at the end of the run, by resource.
+    leader_watches: BTreeMap<String, f64>,
+    /// The other instances: the most watch bytes one received during the run, and the
+    /// watches they hold at its end (by resource, the most one instance holds).
+    others_watch_bytes_max: f64,
+    others_watches: BTreeMap<String, f64>,
 }
 
 #[tokio::main]
@@ -185,6 +196,9 @@ async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::R
             }
         }
         let leader = wait_leader(&hosts).await?;
+        if mode != Mode::Deployment {
+            wait_enrolled(&hosts, leader).await?;
+        }
         let class = fx
             .class(
                 "hostpath",
@@ -201,6 +215,8 @@ async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::R
             .filter(|(i, _)| *i != leader)
             .map(|(_, h)| host_requests(h))
             .collect::<Result<_, _>>()?;
+        let watches_before: Vec<Watches> =
+            hosts.iter().map(host_watches).collect::<Result<_, _>>()?;
         let started = Instant::now();
         create(&fx, &class, n).await?;
         wait_bound(&fx, n).await?;
@@ -211,10 +227,7 @@ async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::R
         let node_calls = node_call_quantiles(&hosts[leader])?;
         let mut writes: BTreeMap<String, f64> = BTreeMap::new();
         for ((verb, resource, _), value) in &leader_requests.0 {
-            if matches!(
-                verb.as_str(),
-                "create" | "update" | "patch" | "apply" | "delete"
-            ) {
+            if is_write(verb) {
                 *writes.entry(format!("{verb} {resource}")).or_default() += value;
             }
         }
@@ -238,6 +251,24 @@ async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::R
                 *others.0.entry(key).or_default() += value;
             }
         }
+        let mut leader_watch_bytes = 0.0;
+        let mut leader_watches = BTreeMap::new();
+        let mut others_watch_bytes_max: f64 = 0.0;
+        let mut others_watches: BTreeMap<String, f64> = BTreeMap::new();
+        for (i, (host, before)) in hosts.iter().zip(&watches_before).enumerate() {
+            let now = host_watches(host)?;
+            let bytes = now.bytes - before.bytes;
+            if i == leader {
+                leader_watch_bytes = bytes;
+                leader_watches = now.open;
+            } else {
+                others_watch_bytes_max = others_watch_bytes_max.max(bytes);
+                for (resource, open) in now.open {
+                    let most = others_watches.entry(resource).or_default();
+                    *most = most.max(open);
+                }
+            }
+        }
         let started = Instant::now();
         delete(&fx, n).await?;
         let deleted_s = started.elapsed().as_secs_f64();
@@ -254,6 +285,10 @@ async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::R
             node_calls,
             rss_mib,
             others,
+            leader_watch_bytes,
+            leader_watches,
+            others_watch_bytes_max,
+            others_watches,
         })
     }
     .await;
@@ -293,6 +328,27 @@ fn instance_config(
     config.grants = Some(grants);
     config.log_dir = node.dir.join("logs");
     Ok(config)
+}
+
+/// Waits until every instance but the leader is enrolled with the leader's term, as a
+/// DaemonSet is long before claims come (without it the first claims of a node whose
+/// instance is still enrolling wait for a retry, with a Warning Event each).
+async fn wait_enrolled(hosts: &[Host], leader: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: Vec<usize> = (0..hosts.len())
+            .filter(|&i| {
+                i != leader && hosts[i].metric("wasm_provisioner_node_enrolled") != Some(1.0)
+            })
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("instances {waiting:?} not enrolled with the leader after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn wait_leader(hosts: &[Host]) -> anyhow::Result<usize> {
@@ -423,8 +479,8 @@ fn node_call_quantiles(leader: &Host) -> anyhow::Result<Option<(f64, f64, f64)>>
 
 fn table(figures: &[Figures]) -> String {
     let mut out = String::from(
-        "| mode | nodes | claims | all Bound | claims/s | leader writes/volume | leader reads/volume | CSIStorageCapacity writes | 409s | leader→instance calls (p50 / p99, count) | RSS per instance (median / max) | other instances' requests | all deleted |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | nodes | claims | all Bound | claims/s | leader writes/volume | leader reads/volume | CSIStorageCapacity writes | 409s | leader→instance calls (p50 / p99, count) | RSS per instance (median / max) | other instances' requests | watches held (leader; each other instance) | watch bytes in the run (leader / other instance, most) | all deleted |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for f in figures {
         let n = f.claims as f64;
@@ -452,9 +508,33 @@ fn table(figures: &[Figures]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let watches = |open: &BTreeMap<String, f64>| {
+            if open.is_empty() {
+                "none".to_string()
+            } else {
+                open.iter()
+                    .map(|(resource, count)| format!("{count:.0} {resource}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
+        let held = format!(
+            "{}; {}",
+            watches(&f.leader_watches),
+            if f.mode != "deployment" {
+                watches(&f.others_watches)
+            } else {
+                "-".to_string()
+            }
+        );
+        let watch_bytes = format!(
+            "{:.0} KiB / {:.1} KiB",
+            f.leader_watch_bytes / 1024.0,
+            f.others_watch_bytes_max / 1024.0
+        );
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.1} s | {:.1} | {:.2} | {:.2} | {capacity:.0} | {:.0} | {calls} | {median:.0} / {max:.0} MiB | {others} | {:.1} s |",
+            "| {} | {} | {} | {:.1} s | {:.1} | {:.2} | {:.2} | {capacity:.0} | {:.0} | {calls} | {median:.0} / {max:.0} MiB | {others} | {held} | {watch_bytes} | {:.1} s |",
             f.mode,
             f.nodes,
             f.claims,

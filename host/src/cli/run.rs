@@ -124,6 +124,7 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
                 runtime.clone(),
                 identity.clone(),
                 args.leader_election_retry_period,
+                metrics.node_enrolled.clone(),
                 shutdown.clone(),
             )
             .await?,

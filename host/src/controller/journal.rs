@@ -72,6 +72,15 @@ pub const MAX_ENTRY_BYTES: usize = 8 * 1024;
 /// journal writes per volume stay at 0.35-0.37 (they were 0.36-0.82 run by run).
 pub const REMOVAL_LINGER: Duration = Duration::from_secs(1);
 
+/// How long a record waits for the records of other workers that are about to make one
+/// (they are asking the module whether to provision: [`Journal::expect`]). Without it each
+/// record was written as soon as it arrived, and when module calls take a network hop
+/// (node-local mode: the call goes to the node's instance) workers drift apart and
+/// their records stop riding together: 0.55-0.61 journal writes per volume instead of
+/// 0.41 (bench/results/nodes-2026-12-07.md). The wait ends early once nobody is about to
+/// record.
+pub const RECORD_GATHER: Duration = Duration::from_millis(20);
+
 /// The ConfigMap's name for a provisioner's Lease name.
 pub fn journal_name(lease_name: &str) -> String {
     format!("{lease_name}-journal")
@@ -123,6 +132,8 @@ struct State {
     held: HashSet<String>,
     /// The adds of the write on the wire.
     writing: BTreeSet<String>,
+    /// UIDs whose worker asks the module whether to provision: a record may follow.
+    expected: HashSet<String>,
 }
 
 impl State {
@@ -139,6 +150,16 @@ impl State {
     /// Whether a worker waits for the next write (removals alone can wait).
     fn urgent(&self) -> bool {
         !self.adds.is_empty() || !self.waiters.is_empty()
+    }
+
+    /// Whether a worker is about to record an entry not recorded yet (see
+    /// [`RECORD_GATHER`]).
+    fn record_expected(&self) -> bool {
+        self.expected.iter().any(|uid| {
+            !self.adds.contains_key(uid)
+                && !self.stored.contains_key(uid)
+                && !self.writing.contains(uid)
+        })
     }
 }
 
@@ -161,6 +182,19 @@ pub struct Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         self.journal.state().held.remove(&self.uid);
+    }
+}
+
+/// A worker's word that it may record an entry soon ([`Journal::expect`]); withdrawn
+/// when dropped.
+pub struct Expected {
+    journal: Arc<Journal>,
+    uid: String,
+}
+
+impl Drop for Expected {
+    fn drop(&mut self) {
+        self.journal.state().expected.remove(&self.uid);
     }
 }
 
@@ -218,6 +252,17 @@ impl Journal {
             journal: self.clone(),
             uid: uid.to_string(),
         })
+    }
+
+    /// Says that the claim `uid` may be recorded soon (its worker asks the module whether
+    /// to provision it), so a record arriving meanwhile waits up to [`RECORD_GATHER`] to
+    /// be written together with it.
+    pub fn expect(self: &Arc<Self>, uid: &str) -> Expected {
+        self.state().expected.insert(uid.to_string());
+        Expected {
+            journal: self.clone(),
+            uid: uid.to_string(),
+        }
     }
 
     /// Persists the intent to provision `claim`; returns once the journal in the API
@@ -295,18 +340,21 @@ impl Journal {
     }
 
     /// Writes the pending changes, group-committed, until `stop`; then one last write of
-    /// what is pending. Records are written at once; removals alone wait up to
+    /// what is pending. Records are written at once, or after up to [`RECORD_GATHER`]
+    /// while other workers are about to record; removals alone wait up to
     /// [`REMOVAL_LINGER`] for a record to ride along with.
     pub async fn run_writer(self: Arc<Self>, stop: CancellationToken) {
         let mut removals_due: Option<Instant> = None;
+        let mut records_due: Option<Instant> = None;
         loop {
             let notified = self.wake.notified();
-            let (pending, urgent) = {
+            let (pending, urgent, record_expected) = {
                 let state = self.state();
-                (state.pending(), state.urgent())
+                (state.pending(), state.urgent(), state.record_expected())
             };
             if !pending {
                 removals_due = None;
+                records_due = None;
                 tokio::select! {
                     _ = notified => continue,
                     _ = stop.cancelled() => return,
@@ -319,12 +367,22 @@ impl Journal {
                     _ = tokio::time::sleep_until(due) => {}
                     _ = stop.cancelled() => {}
                 }
+            } else if urgent && record_expected && !stop.is_cancelled() {
+                let due = *records_due.get_or_insert_with(|| Instant::now() + RECORD_GATHER);
+                if Instant::now() < due {
+                    tokio::select! {
+                        _ = notified => continue,
+                        _ = tokio::time::sleep_until(due) => {}
+                        _ = stop.cancelled() => {}
+                    }
+                }
             }
             if stop.is_cancelled() {
                 let _ = self.write_once().await;
                 return;
             }
             removals_due = None;
+            records_due = None;
             if let Err(delay) = self.write_once().await {
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -350,6 +408,7 @@ impl Journal {
             state.writing = adds.keys().cloned().collect();
             (adds, removes, waiters, data, state.resource_version.clone())
         };
+        tracing::debug!(journal = %self.name, adds = adds.len(), removes = removes.len(), "provisioning journal write");
         let answer = self.write(data.clone(), resource_version).await;
         let mut state = self.state();
         state.writing.clear();

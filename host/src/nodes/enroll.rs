@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
+use prometheus::IntGauge;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -117,10 +118,14 @@ fn enrol_retry(failures: u32, retry: Duration) -> Duration {
 
 /// Follows the Lease (as the election reads it, published to `leases`): on each new
 /// term, stops serving the old one at once and enrols with the new leader; enrols again
-/// at half a certificate's validity. Runs until `stop`.
+/// at half a certificate's validity. `enrolled` is 1 while it holds a certificate of the
+/// current term, 0 before its first enrolment and from a new term until it enrolled
+/// again. Runs until `stop`.
+#[allow(clippy::too_many_arguments)]
 pub async fn follow(
     channel: Arc<Channel>,
     own_node: String,
+    enrolled: IntGauge,
     mut leases: watch::Receiver<Option<Lease>>,
     own_identity: String,
     token_file: PathBuf,
@@ -149,11 +154,13 @@ pub async fn follow(
                 if role.enrolment().is_some() && !current {
                     // A new leader: the old term's calls are refused from now on.
                     channel.role.send_replace(Role::Waiting);
+                    enrolled.set(0);
                 }
                 match enroll(&advert, &token_file, &own_node).await {
                     Ok(role) => {
                         info!(leader = %advert.holder, term = advert.term, node = %own_node, "node channel: enrolled with the leader");
                         channel.role.send_replace(role);
+                        enrolled.set(1);
                         failures = 0;
                     }
                     Err(error) => {

@@ -33,6 +33,7 @@ use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
+use prometheus::IntGauge;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -105,6 +106,7 @@ impl NodeLocal {
         runtime: Arc<Runtime>,
         identity: String,
         retry: Duration,
+        enrolled: IntGauge,
         stop: CancellationToken,
     ) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind(settings.address)
@@ -127,6 +129,7 @@ impl NodeLocal {
             tokio::spawn(enroll::follow(
                 channel.clone(),
                 node,
+                enrolled,
                 leases.subscribe(),
                 identity,
                 settings.token_file.clone(),

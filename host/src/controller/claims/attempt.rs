@@ -90,6 +90,9 @@ pub(super) struct Attempt<'c> {
     pub should_provision: Option<Result<bool, CallError>>,
     pub journal: JournalHold,
     pub journal_hold: Option<journal::Hold>,
+    /// From `should-provision` until the intent is recorded: the journal's writer waits
+    /// a little for this record before writing another alone.
+    pub expected_record: Option<journal::Expected>,
     pub recorded: Recorded,
     pub in_flight: Option<InFlight>,
     pub storm: Option<storm::Provisioning<'c>>,
@@ -153,6 +156,7 @@ impl<'c> Attempt<'c> {
             should_provision: None,
             journal: JournalHold::NotTaken,
             journal_hold: None,
+            expected_record: None,
             recorded: Recorded::Nowhere,
             in_flight: None,
             storm: None,

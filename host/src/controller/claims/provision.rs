@@ -59,6 +59,7 @@ pub(super) async fn ask_should_provision(
         node.as_deref().map(|n| &n.metadata),
     )?;
     let ctx = attempt.ctx;
+    attempt.expected_record = Some(ctx.journal.expect(&attempt.key));
     request.context = ctx
         .backends
         .context(ClaimView(attempt.claim()).selected_node());
@@ -113,6 +114,7 @@ pub(super) async fn record_in_journal(attempt: &mut Attempt<'_>) -> Result<(), E
         .record(attempt.claim())
         .await
         .map_err(|error| Error::journal(attempt.claim(), error))?;
+    attempt.expected_record = None;
     attempt.recorded = if journaled {
         ctx.settings
             .faults
