@@ -54,6 +54,26 @@ impl TestNode {
     }
 }
 
+/// The flags of a controller (`--node-local-role=controller`: leads, serves no node) at
+/// `ip`, its channel on the instances' `port` (a DaemonSet's port is the same on every
+/// pod), with the instances' short election timings.
+pub fn controller_flags(ip: &str, port: u16) -> Vec<String> {
+    vec![
+        "--leader-elect=true".into(),
+        "--mode=node-local".into(),
+        "--node-local-role=controller".into(),
+        format!("--pod-ip={ip}"),
+        format!("--node-address={ip}:{port}"),
+        format!(
+            "--instance-selector={}={}",
+            INSTANCE_LABEL.0, INSTANCE_LABEL.1
+        ),
+        "--leader-election-lease-duration=6s".into(),
+        "--leader-election-renew-deadline=4s".into(),
+        "--leader-election-retry-period=1s".into(),
+    ]
+}
+
 /// Writes a grants file at `path` for one node: hostpath's `/volumes` is that node's
 /// data directory `data` (made here), with the tests' volume grants.
 pub fn hostpath_grants(path: &Path, data: &Path) -> anyhow::Result<()> {

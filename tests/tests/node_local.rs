@@ -22,7 +22,7 @@ use wasm_provisioner_tests::host::{Host, HostConfig};
 use wasm_provisioner_tests::kubeconfig;
 use wasm_provisioner_tests::metrics::host_watches;
 use wasm_provisioner_tests::nodes::{
-    INSTANCE_ACCOUNT, INSTANCE_LABEL, affinity_node, hostpath_grants, test_nodes,
+    INSTANCE_ACCOUNT, affinity_node, controller_flags, hostpath_grants, test_nodes,
 };
 
 const NODES: usize = 3;
@@ -619,17 +619,9 @@ async fn a_controller_and_read_only_node_instances_provision_on_each_node() {
             // The controller: no node, its own address for enrolment.
             // A DaemonSet's port: the same on every pod.
             let port = instances[0].port;
-            let controller_config = fx.host_config(&[
-                "--leader-elect=true",
-                "--mode=node-local",
-                "--node-local-role=controller",
-                "--pod-ip=127.0.0.100",
-                &format!("--node-address=127.0.0.100:{port}"),
-                &format!("--instance-selector={}={}", INSTANCE_LABEL.0, INSTANCE_LABEL.1),
-                "--leader-election-lease-duration=6s",
-                "--leader-election-renew-deadline=4s",
-                "--leader-election-retry-period=1s",
-            ]);
+            let flags = controller_flags("127.0.0.100", port);
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let controller_config = fx.host_config(&flags);
             let mut hosts: Vec<Option<Host>> = vec![Some(Host::start(&controller_config)?)];
             for instance in &instances {
                 hosts.push(Some(Host::start(&instance.config)?));

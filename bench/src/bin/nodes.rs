@@ -26,7 +26,9 @@ use wasm_provisioner_tests::host::{Host, HostConfig};
 use wasm_provisioner_tests::metrics::{
     Requests, Watches, host_requests, host_watches, is_write, parse_samples, settled_requests,
 };
-use wasm_provisioner_tests::nodes::{INSTANCE_LABEL, TestNode, hostpath_grants, test_nodes};
+use wasm_provisioner_tests::nodes::{
+    INSTANCE_LABEL, TestNode, controller_flags, hostpath_grants, test_nodes,
+};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -139,18 +141,10 @@ async fn run(k: usize, n: usize, mode: Mode, keep: Option<PathBuf>) -> anyhow::R
         if mode == Mode::NodeLocalSplit {
             // A DaemonSet's port: the controller calls every instance on its own.
             let port = nodes[0].port;
-            let config = fx.host_config(&[
-                "--leader-elect=true",
-                "--mode=node-local",
-                "--node-local-role=controller",
-                "--pod-ip=127.0.0.254",
-                &format!("--node-address=127.0.0.254:{port}"),
-                &format!(
-                    "--instance-selector={}={}",
-                    INSTANCE_LABEL.0, INSTANCE_LABEL.1
-                ),
-                &format!("--cache-dir={}", cache.display()),
-            ]);
+            let mut flags = controller_flags("127.0.0.254", port);
+            flags.push(format!("--cache-dir={}", cache.display()));
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let config = fx.host_config(&flags);
             hosts.push(Host::spawn(&config)?);
         }
         if mode != Mode::Deployment {
