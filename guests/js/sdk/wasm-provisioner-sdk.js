@@ -6,7 +6,7 @@
 // `shouldDelete`; `exportPlugin(plugin)` turns it into the component's exports, one
 // object per exported interface:
 //
-//   import * as sdk from '../sdk/wasm-provisioner-sdk.js';
+//   import * as sdk from 'wasm-provisioner-sdk';
 //   class Mine {
 //     describe() { return sdk.pluginInfo('mine', '0.1.0'); }
 //     provision(req) { ...; return sdk.volume(req.claim.requestedBytes, sdk.hostPath(p)); }
