@@ -73,8 +73,10 @@ js_version="$(node -p "require('$here/js/sdk/package.json').version")"
 (cd "$out" && npm pack --silent "$here/js/sdk") >/dev/null
 tgz="$out/wasm-provisioner-sdk-$version.tgz"
 [ -f "$tgz" ] || fail "npm pack made no $tgz"
+# (Listed first: `tar | grep -q` fails under pipefail when grep stops reading early.)
+listing="$(tar -tzf "$tgz")"
 for file in wasm-provisioner-sdk.js componentize.mjs world.wit package.json; do
-    tar -tzf "$tgz" | grep -qx "package/$file" || fail "the npm package lacks $file"
+    grep -qx "package/$file" <<<"$listing" || fail "the npm package lacks $file"
 done
 
 echo "package-sdks.sh: $(cd "$out" && ls -d wasm-provisioner-sdk-* wasm_provisioner_sdk-* | tr '\n' ' ')" >&2

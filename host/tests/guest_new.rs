@@ -45,7 +45,7 @@ fn installed(prefix: &str, file: &str) -> PathBuf {
         "guests/build.sh did not install {} (from {file})",
         dir.display()
     );
-    (outside, dir)
+    dir
 }
 
 /// The contract's interfaces a new project's component exports: `provisioner` and the

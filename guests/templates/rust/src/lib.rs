@@ -137,14 +137,16 @@ mod tests {
         let volume = Guest::provision(&req).unwrap();
         let dir = root.join(&req.volume_name);
         std::fs::create_dir_all(dir.join("a/b")).unwrap();
-        std::fs::write(dir.join("a/b/file"), "data").unwrap();
+        for i in 0..5 {
+            std::fs::write(dir.join(format!("a/b/file-{i}")), "data").unwrap();
+        }
         let delete = testing::delete_request(&req, &volume, &params);
         let mut calls = 0;
         while let Err(DeleteError::InBackground(_)) = Guest::delete(&delete) {
             calls += 1;
             assert!(calls < 20, "the delete never finished");
         }
-        assert!(calls > 1, "a budget of one entry takes several calls");
+        assert!(calls >= 2, "a budget of one entry takes several calls, not {calls}");
         assert!(!dir.exists());
         assert!(Guest::delete(&delete).is_ok(), "deleting again is a success");
         std::fs::remove_dir_all(&root).unwrap();
