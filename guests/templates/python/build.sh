@@ -13,7 +13,7 @@ if [ ! -e "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import componentize_p
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -r build-requirements.txt >&2
 fi
-stamp=".deps/.requirements-$(sha256sum requirements.txt | cut -c1-16)"
+stamp=".deps/.requirements-$("$venv/bin/python" -c 'import hashlib; print(hashlib.sha256(open("requirements.txt", "rb").read()).hexdigest()[:16])')"
 if [ ! -e "$stamp" ]; then
     rm -rf .deps.tmp
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
