@@ -57,7 +57,8 @@ fi
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 cp -r "$here/python/sdk" "$scratch/python-sdk"
-rm -rf "$scratch/python-sdk/tests" "$scratch/python-sdk/__pycache__"
+rm -rf "$scratch/python-sdk/tests" "$scratch/python-sdk/__pycache__" "$scratch/python-sdk/build" \
+    "$scratch/python-sdk/"*.egg-info
 "$venv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
     --no-build-isolation -w "$out" "$scratch/python-sdk" >&2
 wheel="$out/wasm_provisioner_sdk-$version-py3-none-any.whl"

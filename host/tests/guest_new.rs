@@ -131,12 +131,32 @@ fn scaffold_and_test(
     (outside, dir)
 }
 
-/// The three SDK packages, made once per test run by `guests/package-sdks.sh`.
+/// The three SDK packages, made once per test run by `guests/package-sdks.sh` into a
+/// directory of this run (the target directory may be shared by several clones);
+/// directories of runs over an hour old are removed.
 fn packages() -> &'static Path {
     static PACKAGES: OnceLock<PathBuf> = OnceLock::new();
     PACKAGES.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk-packages");
-        let _ = std::fs::remove_dir_all(&out);
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() > 3600));
+            if stale
+                && entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("sdk-packages-")
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let out = tempfile::Builder::new()
+            .prefix("sdk-packages-")
+            .tempdir_in(tmp)
+            .unwrap()
+            .keep();
         let output = Command::new("bash")
             .arg(repo().join("guests/package-sdks.sh"))
             .arg(&out)
