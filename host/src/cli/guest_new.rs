@@ -337,24 +337,36 @@ fn js_sdk_spec(local: Option<&Path>, version: &str) -> String {
 
 /// The README's section on the SDK: where it comes from and how to upgrade.
 fn sdk_howto(lang: Lang, local: Option<&Path>, version: &str) -> String {
-    let (file, declared, upgrade) = match lang {
+    let (file, declared, upgrade, development) = match lang {
         Lang::Rust => (
             "`Cargo.toml`",
             format!("the crate `{SDK_PACKAGE} = \"{version}\"` (crates.io)"),
             "change the version in `Cargo.toml` (`cargo update -p wasm-provisioner-sdk` picks \
              up a patch release of the same minor version), then `bash test.sh`",
+            format!(
+                "`{SDK_PACKAGE} = {{ version = \"{version}\", path = \"/path/to/guests/sdk\" }}` \
+                 in `Cargo.toml`"
+            ),
         ),
         Lang::Python => (
             "`requirements.txt`",
             format!("the wheel `{SDK_PACKAGE}=={version}` (PyPI)"),
             "change the pin in `requirements.txt`, then `bash test.sh` (build.sh reinstalls \
              `.deps` when the file changes)",
+            format!(
+                "`{SDK_PACKAGE} @ file:///path/to/wasm_provisioner_sdk-{version}-py3-none-any.whl` \
+                 in `requirements.txt`"
+            ),
         ),
         Lang::Js => (
             "`package.json` and `package-lock.json`",
             format!("the npm package `{SDK_PACKAGE}@{version}`"),
             "`npm install wasm-provisioner-sdk@NEW --save-exact` (updates both files; the new \
              SDK brings its build, `componentize.mjs`), then `bash test.sh`",
+            format!(
+                "`npm install --save-exact /path/to/{SDK_PACKAGE}-{version}.tgz` (package.json \
+                 and the lock)"
+            ),
         ),
     };
     let origin = match local {
@@ -368,9 +380,9 @@ fn sdk_howto(lang: Lang, local: Option<&Path>, version: &str) -> String {
     format!(
         "{origin} The SDK's minor version follows the host's: an SDK 0.1.x plugin speaks \
          contract 0.2 (`wit/provisioner.wit`) and runs on every host that serves it. \
-         Upgrade: {upgrade}. A local SDK (a clone's, during development): `wasm-provisioner \
-         guest new --sdk-path` (a crate directory, a wheel, an `npm pack` tarball; \
-         `guests/package-sdks.sh` in the repository makes them), or edit {file} the same way."
+         Upgrade: {upgrade}. A local SDK (a clone's, during development): {development}, \
+         or a new project with `wasm-provisioner guest new --sdk-path` (`guests/package-sdks.sh` \
+         in the repository makes the packages)."
     )
 }
 
