@@ -484,10 +484,12 @@ export class Dir {
 
   /**
    * Removes the subdirectory `name` and everything in it, without recursion and
-   * without following a symbolic link; stops after `budget` entries. Returns
-   * [entries removed, whether `name` is gone].
+   * without following a symbolic link; stops after `budget` entries or `seconds`
+   * (default 1), whichever comes first. Returns [entries removed, whether `name` is
+   * gone]: call it again (answer InBackground meanwhile) to go on.
    */
-  removeTree(name, budget) {
+  removeTree(name, budget, seconds = 1) {
+    const deadline = Date.now() + seconds * 1000;
     let removed = 0;
     const stack = [[this, name]];
     while (stack.length) {
@@ -495,7 +497,7 @@ export class Dir {
       const dir = parent.openDir(child);
       let pushed = false;
       for (const entry of dir.entries()) {
-        if (removed >= budget) return [removed, false];
+        if (removed >= budget || Date.now() >= deadline) return [removed, false];
         if (entry.type === 'directory') { stack.push([dir, entry.name]); pushed = true; break; }
         dir.unlink(entry.name);
         removed += 1;
