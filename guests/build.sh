@@ -85,7 +85,7 @@ put_in_dist() {
 
 for tool in python3 node npm; do
     if ! command -v "$tool" >/dev/null; then
-        echo "build.sh: $tool is missing: the Python and JavaScript guests need python3 (3.10+), node (20.6+: componentize.mjs registers module hooks) and npm" >&2
+        echo "build.sh: $tool is missing: the Python and JavaScript guests need python3 (3.10+), node (20.6+: js/sdk/componentize.mjs registers module hooks) and npm" >&2
         exit 1
     fi
 done
@@ -138,12 +138,13 @@ ln -sfn "$node_modules/node_modules" js/node_modules
 for app in js/*/app.js; do
     guest_dir="$(dirname "$app")"
     name="$(basename "$guest_dir")-js"
-    key="$(digest js/package-lock.json js/componentize.mjs js/world.wit ../wit/0.2.0/*.wit js/sdk/*.js "$guest_dir"/*.js)"
+    key="$(digest js/package-lock.json js/sdk/componentize.mjs js/sdk/world.wit ../wit/0.2.0/*.wit js/sdk/*.js "$guest_dir"/*.js)"
     built="$cache/polyglot-guests/$name-$key.wasm"
     if [ ! -f "$built" ]; then
         echo "build.sh: componentize-js $guest_dir" >&2
         # componentize.mjs finds the plugin's capabilities and exports exactly those.
-        node js/componentize.mjs "$app" "$built.tmp.$$" ../wit/0.2.0 >&2
+        # The app imports the SDK as `wasm-provisioner-sdk`: the one beside componentize.mjs.
+        node js/sdk/componentize.mjs "$app" "$built.tmp.$$" ../wit/0.2.0 >&2
         mv -f "$built.tmp.$$" "$built"
     fi
     put_in_dist "$name" "$built"

@@ -1,18 +1,23 @@
 //! `wasm-provisioner guest new`: a project of each language, made in a temporary
-//! directory outside the clone, builds and passes its own `test.sh` (which runs the
-//! module in the offline runner of this very binary, `validate-class` included), and its
-//! component is a contract 0.2 plugin exporting `provisioner` and `class-validator`.
+//! directory outside the clone, builds **against the packaged SDK** and passes its own
+//! `test.sh` (which runs the module in the offline runner of this very binary,
+//! `validate-class` and the bounded delete included), and its component is a contract
+//! 0.2 plugin exporting `provisioner` and `class-validator`.
 //!
-//! The Rust project uses the SDK by path (`--sdk-path`, the clone's `guests/sdk`): the
-//! released form is a git dependency on a tag, and there is no network to GitHub here.
-//! The Python and JavaScript projects reuse the toolchains `guests/build.sh` installed
-//! from the same pins (`COMPONENTIZE_PY_VENV`, `NODE_MODULES_DIR`), so no test downloads
-//! anything the build did not; a missing toolchain fails the test.
+//! The SDKs are packaged first, as their registries would ship them
+//! (`guests/package-sdks.sh`): the Rust project depends on the `.crate` from `cargo
+//! package`, unpacked; the Python project installs the wheel; the JavaScript project
+//! `npm ci`s the `npm pack` tarball. Each project names its package with `--sdk-path`
+//! (the registries have no network here). The Python project reuses the componentize-py
+//! venv `guests/build.sh` installed from the same pin (`COMPONENTIZE_PY_VENV`; the SDK
+//! goes to the project's `.deps`, not into that venv); the JavaScript one runs `npm ci`
+//! from npm's cache, which `guests/build.sh` filled. A missing toolchain fails the test.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -51,7 +56,13 @@ const TEMPLATE_EXPORTS: [&str; 2] = [
     "wasm-provisioner:plugin/provisioner@0.2.0",
 ];
 
-fn scaffold_and_test(lang: &str, extra: &[&str], env: &[(&str, PathBuf)]) {
+/// Makes the project, runs its `test.sh`, checks its component; returns the project
+/// directory, removed when the returned guard drops.
+fn scaffold_and_test(
+    lang: &str,
+    extra: &[&str],
+    env: &[(&str, PathBuf)],
+) -> (tempfile::TempDir, PathBuf) {
     let outside = tempfile::tempdir().unwrap();
     assert!(
         !outside.path().starts_with(repo().canonicalize().unwrap()),
@@ -113,42 +124,163 @@ fn scaffold_and_test(lang: &str, extra: &[&str], env: &[(&str, PathBuf)]) {
         .collect();
     assert_eq!(exports, TEMPLATE_EXPORTS, "{lang}: the component's exports");
     assert!(
-        stdout.contains("validate-class accepts test/class.yaml and refuses a typo"),
+        stdout.contains("validate-class accepts test/class.yaml and refuses a typo")
+            && stdout.contains("delete removed"),
         "{lang}: {stdout}"
     );
+    (outside, dir)
+}
+
+/// The three SDK packages, made once per test run by `guests/package-sdks.sh` into a
+/// directory of this run (the target directory may be shared by several clones);
+/// directories of runs over an hour old are removed.
+fn packages() -> &'static Path {
+    static PACKAGES: OnceLock<PathBuf> = OnceLock::new();
+    PACKAGES.get_or_init(|| {
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() > 3600));
+            if stale
+                && entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("sdk-packages-")
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let out = tempfile::Builder::new()
+            .prefix("sdk-packages-")
+            .tempdir_in(tmp)
+            .unwrap()
+            .keep();
+        let output = Command::new("bash")
+            .arg(repo().join("guests/package-sdks.sh"))
+            .arg(&out)
+            .env_remove("RUSTFLAGS")
+            .env_remove("RUSTC_WORKSPACE_WRAPPER")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "guests/package-sdks.sh failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        out
+    })
+}
+
+fn package(name: &str) -> PathBuf {
+    let path = packages().join(name);
+    assert!(path.exists(), "guests/package-sdks.sh made no {name}");
+    path
 }
 
 #[test]
-fn a_new_rust_guest_builds_and_passes_its_test_outside_the_clone() {
-    let sdk = repo().join("guests/sdk");
-    scaffold_and_test(
+fn a_new_rust_guest_builds_against_the_packaged_crate() {
+    let krate = package("wasm-provisioner-sdk-0.1.0");
+    let (_project, dir) = scaffold_and_test(
         "rust",
-        &["--sdk-path", sdk.to_str().unwrap()],
+        &["--sdk-path", krate.to_str().unwrap()],
         // Shared between runs: the SDK and wit-bindgen compile once.
         &[("CARGO_TARGET_DIR", cache().join("guest-new-target"))],
     );
+    let cargo = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains(&format!(
+            "wasm-provisioner-sdk = {{ version = \"0.1.0\", path = \"{}\" }}",
+            krate.display()
+        )),
+        "{cargo}"
+    );
+    // The crate holds its contract (no path outside it): the build used it.
+    assert!(krate.join("wit/provisioner.wit").is_file());
+    let lock = std::fs::read_to_string(dir.join("Cargo.lock")).unwrap();
+    assert!(
+        lock.contains("name = \"wasm-provisioner-sdk\"\nversion = \"0.1.0\"\n"),
+        "{lock}"
+    );
 }
 
 #[test]
-fn a_new_python_guest_builds_and_passes_its_test_outside_the_clone() {
-    scaffold_and_test(
+fn a_new_python_guest_builds_against_the_packaged_wheel() {
+    let wheel = package("wasm_provisioner_sdk-0.1.0-py3-none-any.whl");
+    let (_project, dir) = scaffold_and_test(
         "python",
-        &[],
+        &["--sdk-path", wheel.to_str().unwrap()],
         &[(
             "COMPONENTIZE_PY_VENV",
             installed("componentize-py-", "guests/python/requirements.txt"),
         )],
     );
+    // The SDK came from the wheel, into the project's .deps, not from the clone.
+    assert!(
+        dir.join(".deps/wasm_provisioner_sdk-0.1.0.dist-info")
+            .is_dir(),
+        "the wheel was not installed into .deps"
+    );
+    assert!(dir.join(".deps/wasm_provisioner_world.py").is_file());
+    assert!(
+        !dir.join("sdk").exists(),
+        "no copy of the SDK in the project"
+    );
 }
 
 #[test]
-fn a_new_javascript_guest_builds_and_passes_its_test_outside_the_clone() {
-    scaffold_and_test(
-        "js",
-        &[],
-        &[(
-            "NODE_MODULES_DIR",
-            installed("js-node-modules-", "guests/js/package-lock.json").join("node_modules"),
-        )],
+fn a_new_javascript_guest_builds_against_the_packed_tarball() {
+    let tarball = package("wasm-provisioner-sdk-0.1.0.tgz");
+    let (_project, dir) = scaffold_and_test("js", &["--sdk-path", tarball.to_str().unwrap()], &[]);
+    let installed = dir.join("node_modules/wasm-provisioner-sdk");
+    assert!(
+        !installed.is_symlink() && installed.join("componentize.mjs").is_file(),
+        "npm ci did not install the tarball into node_modules"
+    );
+    let package: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(installed.join("package.json")).unwrap())
+            .unwrap();
+    assert_eq!(package["version"], "0.1.0");
+    assert!(
+        !dir.join("sdk").exists(),
+        "no copy of the SDK in the project"
+    );
+}
+
+/// The Python SDK's own unit tests (quantities, bounded deletes), natively.
+#[test]
+fn the_python_sdk_unit_tests_pass() {
+    let output = Command::new("python3")
+        .args(["-m", "unittest", "discover", "-s"])
+        .arg(repo().join("guests/python/sdk/tests"))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        report.contains("OK") && !report.contains("Ran 0 tests"),
+        "{report}"
+    );
+}
+
+/// The JavaScript SDK's own unit tests (quantities, the delete budget), in Node.
+#[test]
+fn the_javascript_sdk_unit_tests_pass() {
+    let output = Command::new("node")
+        .arg("--test")
+        .arg(repo().join("guests/js/sdk/test/sdk.test.mjs"))
+        .output()
+        .expect("node runs");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{report}");
+    assert!(
+        report.contains("# fail 0") && !report.contains("# pass 0"),
+        "{report}"
     );
 }

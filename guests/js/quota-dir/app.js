@@ -6,7 +6,7 @@
 // retain. It has one optional capability, `report-capacity` (`getCapacity`): the pool's
 // size and what is left of it when the class sets `poolSize`, else the granted
 // filesystem's size and free space.
-import * as sdk from '../sdk/wasm-provisioner-sdk.js';
+import * as sdk from 'wasm-provisioner-sdk';
 
 const NAME = 'quota-dir-js';
 const VERSION = '0.1.0';

@@ -6,7 +6,7 @@
 // `shouldDelete`; `exportPlugin(plugin)` turns it into the component's exports, one
 // object per exported interface:
 //
-//   import * as sdk from '../sdk/wasm-provisioner-sdk.js';
+//   import * as sdk from 'wasm-provisioner-sdk';
 //   class Mine {
 //     describe() { return sdk.pluginInfo('mine', '0.1.0'); }
 //     provision(req) { ...; return sdk.volume(req.claim.requestedBytes, sdk.hostPath(p)); }
@@ -288,7 +288,7 @@ export class Params {
     if (FALSE.has(v)) return false;
     throw new ParamError(`StorageClass parameter \`${key}\` is ${JSON.stringify(v)}: set it to true or false`);
   }
-  /** A Kubernetes quantity (`10Gi`, `500M`, `1048576`) as a BigInt of bytes. */
+  /** A Kubernetes quantity (`10Gi`, `500M`, `1.5Gi`, see parseQuantity) as a BigInt of bytes. */
   quantity(key, dflt, hint) {
     const v = dflt === undefined ? this.require(key, hint) : this.getOr(key, dflt);
     try { return parseQuantity(v); } catch (e) { throw new ParamError(`StorageClass parameter \`${key}\`: ${e.message}`); }
@@ -307,26 +307,69 @@ export class Params {
   }
 }
 
-const SUFFIXES = {
-  '': 1n, k: 10n ** 3n, M: 10n ** 6n, G: 10n ** 9n, T: 10n ** 12n, P: 10n ** 15n, E: 10n ** 18n,
-  Ki: 1n << 10n, Mi: 1n << 20n, Gi: 1n << 30n, Ti: 1n << 40n, Pi: 1n << 50n, Ei: 1n << 60n,
-};
+const BINARY = { Ki: 10n, Mi: 20n, Gi: 30n, Ti: 40n, Pi: 50n, Ei: 60n };
+const DECIMAL = { n: -9, u: -6, m: -3, '': 0, k: 3, M: 6, G: 9, T: 12, P: 15, E: 18 };
+const QUANTITY = /^([+-]?)([0-9]*)(?:\.([0-9]*))?([eE][+-]?[0-9]{1,6}|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$/;
 
-/** Bytes (BigInt) of a whole-number Kubernetes quantity such as `10Gi`. */
+/**
+ * Bytes (BigInt) of a Kubernetes quantity (`10Gi`, `500M`, `1.5Gi`, `1e9`, `100m`),
+ * exactly as the API server and the host read it: the grammar of
+ * `apimachinery/pkg/api/resource`, integer arithmetic, a fraction of a byte rounded up
+ * (as `Quantity.Value()` does). Throws (naming the text) when it is not a quantity, is
+ * negative or is 16Ei or more.
+ */
 export function parseQuantity(text) {
-  const m = /^([0-9]+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)$/.exec(String(text).trim());
-  if (!m) {
-    throw new Error(`${JSON.stringify(text)} is not a size: write a whole number with an optional suffix (k, M, G, T, Ki, Mi, Gi, Ti), such as 10Gi`);
-  }
-  return BigInt(m[1]) * SUFFIXES[m[2]];
+  const t = String(text);
+  const m = QUANTITY.exec(t);
+  if (!m || !(m[2] || m[3])) throw new Error(`${JSON.stringify(t)} is not a Kubernetes quantity: write it like 10Gi, 500M or 1e9`);
+  const [, sign, whole, fraction = '', suffix] = m;
+  if ((whole + fraction).replace(/^0+|0+$/g, '').length > 38) throw new Error(`${JSON.stringify(t)} has more than 38 significant digits`);
+  let numerator = BigInt(whole + fraction || '0');
+  let denominator = 10n ** BigInt(fraction.length);
+  if (numerator === 0n) return 0n;
+  if (sign === '-') throw new Error(`${JSON.stringify(t)} is negative: a size must be zero or more`);
+  const tooLarge = () => new Error(`${JSON.stringify(t)} is too large: a size must fit in 64 bits of bytes (under 16Ei)`);
+  let exponent = 0;
+  if (suffix in BINARY) numerator <<= BINARY[suffix];
+  else if (suffix in DECIMAL) exponent = DECIMAL[suffix];
+  else exponent = Number(suffix.slice(1));
+  // Bounds before the powers: value >= 10^(exponent - fraction digits), < 10^(whole digits + exponent).
+  if (exponent - fraction.length >= 20) throw tooLarge();
+  if (whole.length + exponent <= 0) return 1n; // 0 < value < 1: one byte
+  if (exponent >= 0) numerator *= 10n ** BigInt(exponent);
+  else denominator *= 10n ** BigInt(-exponent);
+  const size = (numerator + denominator - 1n) / denominator;
+  if (size >= 1n << 64n) throw tooLarge();
+  return size;
 }
 
 export function formatBytes(n) {
   n = BigInt(n);
   for (const s of ['Ei', 'Pi', 'Ti', 'Gi', 'Mi', 'Ki']) {
-    if (n !== 0n && n % SUFFIXES[s] === 0n) return `${n / SUFFIXES[s]}${s}`;
+    const unit = 1n << BINARY[s];
+    if (n !== 0n && n % unit === 0n) return `${n / unit}${s}`;
   }
   return String(n);
+}
+
+/** The StorageClass parameter bounding one `delete` call's work (entries removed). */
+export const DELETE_CHUNK_PARAMETER = 'deleteChunkEntries';
+/** Entries one `delete` call removes at most when the class does not say (as the Rust SDK). */
+export const DEFAULT_DELETE_CHUNK = 100000;
+
+/**
+ * The entries one `delete` call may remove (the budget of `Dir.removeTree`): the class
+ * parameter `deleteChunkEntries` (1 to 10000000), else DEFAULT_DELETE_CHUNK. Throws a
+ * ParamError naming the parameter.
+ */
+export function deleteBudget(params) {
+  const v = params.get(DELETE_CHUNK_PARAMETER);
+  if (v === undefined) return DEFAULT_DELETE_CHUNK;
+  const n = /^[0-9]{1,8}$/.test(v) ? Number(v) : 0;
+  if (n < 1 || n > 10000000) {
+    throw new ParamError(`StorageClass parameter \`${DELETE_CHUNK_PARAMETER}\` is ${JSON.stringify(v)}: set it to a whole number of entries from 1 to 10000000 (default ${DEFAULT_DELETE_CHUNK})`);
+  }
+  return n;
 }
 
 // --- Paths -----------------------------------------------------------------------------
@@ -441,10 +484,12 @@ export class Dir {
 
   /**
    * Removes the subdirectory `name` and everything in it, without recursion and
-   * without following a symbolic link; stops after `budget` entries. Returns
-   * [entries removed, whether `name` is gone].
+   * without following a symbolic link; stops after `budget` entries or `seconds`
+   * (default 1), whichever comes first. Returns [entries removed, whether `name` is
+   * gone]: call it again (answer InBackground meanwhile) to go on.
    */
-  removeTree(name, budget) {
+  removeTree(name, budget, seconds = 1) {
+    const deadline = Date.now() + seconds * 1000;
     let removed = 0;
     const stack = [[this, name]];
     while (stack.length) {
@@ -452,7 +497,7 @@ export class Dir {
       const dir = parent.openDir(child);
       let pushed = false;
       for (const entry of dir.entries()) {
-        if (removed >= budget) return [removed, false];
+        if (removed >= budget || Date.now() >= deadline) return [removed, false];
         if (entry.type === 'directory') { stack.push([dir, entry.name]); pushed = true; break; }
         dir.unlink(entry.name);
         removed += 1;

@@ -16,7 +16,6 @@ before any claim of it (the checks `provision` makes, and `maxSize` at most
 """
 
 import os
-import stat
 
 import wasm_provisioner_sdk as sdk
 
@@ -190,7 +189,7 @@ class QuotaDir(sdk.Provisioner):
             sdk.info("archived", volume=name, to="archived-" + name)
             return
         if os.path.isdir(volume_dir):
-            removed, done = _remove_tree(volume_dir, chunk)
+            removed, done = sdk.remove_tree(volume_dir, chunk)
             if not done:
                 raise sdk.InBackground(
                     f"quota-dir: deleted {removed} entries of {name}; the rest goes in the next calls")
@@ -217,32 +216,6 @@ def _used_bytes(records, exclude):
         size = _read_record(entry.path)
         total += size or 0
     return total
-
-
-def _remove_tree(root, budget):
-    """Removes `root` without recursion and without following symbolic links; stops
-    after `budget` entries: (entries removed, whether `root` is gone)."""
-    removed = 0
-    stack = [root]
-    while stack:
-        top = stack[-1]
-        pushed = False
-        with os.scandir(top) as entries:
-            for entry in entries:
-                if removed >= budget:
-                    return removed, False
-                mode = entry.stat(follow_symlinks=False).st_mode
-                if stat.S_ISDIR(mode):
-                    stack.append(entry.path)
-                    pushed = True
-                    break
-                os.unlink(entry.path)
-                removed += 1
-        if not pushed:
-            os.rmdir(top)
-            removed += 1
-            stack.pop()
-    return removed, True
 
 
 sdk.export(QuotaDir)

@@ -45,8 +45,11 @@ repeated: be idempotent by PV name. Claim names, labels and annotations are host
 input: check them (`check_component`, `check_pv_name`) before building a path.
 """
 
+import os
 import re
+import stat as _stat
 import sys
+import time
 import traceback
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -92,7 +95,8 @@ __all__ = [
     "Infeasible", "Failed", "Ignored", "InBackground", "Reschedule", "ParamError",
     "Params", "host_path", "local", "nfs", "csi", "json_source", "hostname_affinity",
     "volume", "lookup", "parse_quantity", "format_bytes", "check_component",
-    "check_pv_name", "join", "trace", "debug", "info", "warn", "error",
+    "check_pv_name", "join", "remove_tree", "delete_budget", "DELETE_CHUNK_PARAMETER",
+    "DEFAULT_DELETE_CHUNK", "trace", "debug", "info", "warn", "error",
 ]
 
 
@@ -490,27 +494,59 @@ class Params:
                 + ", ".join(known))
 
 
-_SUFFIXES = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}
-_QUANTITY = re.compile(r"^([0-9]+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)$")
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_QUANTITY = re.compile(
+    r"^([+-]?)([0-9]*)(?:\.([0-9]*))?([eE][+-]?[0-9]{1,6}|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
 
 
 def parse_quantity(text: str) -> int:
-    """Bytes of a whole-number Kubernetes quantity such as `10Gi`; ValueError otherwise."""
-    match = _QUANTITY.match(text.strip())
-    if not match:
+    """Bytes of a Kubernetes quantity (`10Gi`, `500M`, `1.5Gi`, `1e9`, `100m`), exactly as
+    the API server and the host read it: the grammar of `apimachinery/pkg/api/resource`,
+    integer arithmetic, a fraction of a byte rounded up (as `Quantity.Value()` does).
+    ValueError (naming the text) when it is not a quantity, is negative or is 16Ei or
+    more."""
+    match = _QUANTITY.match(text)
+    if not match or not (match.group(2) or match.group(3)):
         raise ValueError(
-            f"{text!r} is not a size: write a whole number with an optional suffix "
-            "(k, M, G, T, Ki, Mi, Gi, Ti), such as 10Gi")
-    return int(match.group(1)) * _SUFFIXES[match.group(2)]
+            f"{text!r} is not a Kubernetes quantity: write it like 10Gi, 500M or 1e9")
+    sign, whole, fraction, suffix = match.groups()
+    fraction = fraction or ""
+    if len((whole + fraction).strip("0")) > 38:
+        raise ValueError(f"{text!r} has more than 38 significant digits")
+    # value = numerator / denominator, exactly.
+    numerator, denominator = int(whole + fraction or "0"), 10 ** len(fraction)
+    if numerator == 0:
+        return 0
+    if sign == "-":
+        raise ValueError(f"{text!r} is negative: a size must be zero or more")
+    if suffix in _BINARY:
+        numerator <<= _BINARY[suffix]
+        exponent = 0
+    elif suffix in _DECIMAL:
+        exponent = _DECIMAL[suffix]
+    else:
+        exponent = int(suffix[1:])
+    # Bounds before the powers: value >= 10^(exponent - len(fraction)) and
+    # value < 10^(len(whole) + exponent).
+    if exponent - len(fraction) >= 20:
+        raise ValueError(f"{text!r} is too large: a size must fit in 64 bits of bytes (under 16Ei)")
+    if len(whole) + exponent <= 0:
+        return 1  # 0 < value < 1: one byte
+    if exponent >= 0:
+        numerator *= 10 ** exponent
+    else:
+        denominator *= 10 ** -exponent
+    size = -(-numerator // denominator)
+    if size >= 2**64:
+        raise ValueError(f"{text!r} is too large: a size must fit in 64 bits of bytes (under 16Ei)")
+    return size
 
 
 def format_bytes(n: int) -> str:
     """`10Gi`, `1536Mi`, or plain bytes: the largest binary suffix that divides `n`."""
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
-        unit = _SUFFIXES[suffix]
+        unit = 1 << _BINARY[suffix]
         if n and n % unit == 0:
             return f"{n // unit}{suffix}"
     return str(n)
@@ -556,3 +592,69 @@ def check_absolute(path: str) -> str:
 def join(base: str, *names: str) -> str:
     """`base/name/...` with each name checked as one component."""
     return "/".join([base.rstrip("/") or ""] + [check_component(n) for n in names]) or "/"
+
+
+# --- Deleting what a tenant wrote, in bounded chunks ------------------------------------
+
+DELETE_CHUNK_PARAMETER = "deleteChunkEntries"
+"""The StorageClass parameter bounding one `delete` call's work (entries removed)."""
+DEFAULT_DELETE_CHUNK = 100_000
+"""Entries one `delete` call removes at most when the class does not say (as the Rust SDK)."""
+
+
+def delete_budget(params: "Params") -> int:
+    """The entries one `delete` call may remove: the class parameter `deleteChunkEntries`
+    (1 to 10000000), else `DEFAULT_DELETE_CHUNK`. ParamError names the parameter."""
+    text = params.get(DELETE_CHUNK_PARAMETER)
+    if text is None:
+        return DEFAULT_DELETE_CHUNK
+    if text.isdigit() and 1 <= int(text) <= 10_000_000:
+        return int(text)
+    raise ParamError(
+        f"StorageClass parameter `{DELETE_CHUNK_PARAMETER}` is {text!r}: set it to a whole "
+        f"number of entries from 1 to 10000000 (default {DEFAULT_DELETE_CHUNK})")
+
+
+def remove_tree(path: str, budget: int, seconds: float = 1.0) -> Tuple[int, bool]:
+    """Removes the directory `path` and everything in it, in bounded, resumable chunks:
+    iteratively (a deep tree costs no stack), never following a symbolic link (a link is
+    removed, not what it points to), and stopping after `budget` entries or `seconds`,
+    whichever comes first. Returns (entries removed, whether `path` is gone); a missing
+    `path` is (0, True). Call it again with the same path to go on: raise
+    `InBackground` meanwhile, and the host calls `delete` again:
+
+        removed, done = sdk.remove_tree(path, sdk.delete_budget(params))
+        if not done:
+            raise sdk.InBackground(f"deleted {removed} entries of {path}; the rest goes next")
+
+    `path` itself must be a directory, not a symbolic link (`Failed` otherwise)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0, True
+    if not _stat.S_ISDIR(mode):
+        raise Failed(f"{path} is not a directory (a symbolic link or a file); not touched")
+    deadline = time.monotonic() + seconds
+    removed = 0
+    stack = [path]
+    while stack:
+        top = stack[-1]
+        descended = False
+        with os.scandir(top) as entries:
+            for entry in entries:
+                if removed >= budget or time.monotonic() >= deadline:
+                    return removed, False
+                if _stat.S_ISDIR(entry.stat(follow_symlinks=False).st_mode):
+                    stack.append(entry.path)
+                    descended = True
+                    break
+                os.unlink(entry.path)
+                removed += 1
+        if not descended:
+            if removed >= budget:
+                return removed, False
+            os.rmdir(top)
+            removed += 1
+            stack.pop()
+    return removed, True
+

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Build the crate as a `cdylib` for `wasm32-wasip2`; the output is a component for the
-//! `wasm-provisioner:plugin/plugin@0.2.0` world (`wit/0.2.0/provisioner.wit`).
+//! `wasm-provisioner:plugin/plugin@0.2.0` world (`wit/provisioner.wit` in this crate, the contract `wit/0.2.0/provisioner.wit` of the repository).
 //!
 //! Optional capabilities are traits ([`Expander`], [`CapacityReporter`],
 //! [`ClassValidator`]) named in [`export!`], which exports their interfaces and lists
@@ -34,7 +34,7 @@
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit/0.2.0",
+        path: "wit",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin",
@@ -51,7 +51,7 @@ pub mod bindings {
 pub mod capabilities {
     pub mod expander {
         wit_bindgen::generate!({
-            path: "../../wit/0.2.0",
+            path: "wit",
             inline: "package wasm-provisioner:sdk;
                      world expander { export wasm-provisioner:plugin/expander@0.2.0; }",
             world: "wasm-provisioner:sdk/expander",
@@ -64,7 +64,7 @@ pub mod capabilities {
 
     pub mod capacity_reporter {
         wit_bindgen::generate!({
-            path: "../../wit/0.2.0",
+            path: "wit",
             inline: "package wasm-provisioner:sdk;
                      world capacity-reporter { export wasm-provisioner:plugin/capacity-reporter@0.2.0; }",
             world: "wasm-provisioner:sdk/capacity-reporter",
@@ -77,7 +77,7 @@ pub mod capabilities {
 
     pub mod class_validator {
         wit_bindgen::generate!({
-            path: "../../wit/0.2.0",
+            path: "wit",
             inline: "package wasm-provisioner:sdk;
                      world class-validator { export wasm-provisioner:plugin/class-validator@0.2.0; }",
             world: "wasm-provisioner:sdk/class-validator",
@@ -94,9 +94,11 @@ pub mod fs;
 pub mod log;
 pub mod params;
 pub mod path;
+pub mod quantity;
 pub mod testing;
 
 pub use params::{ParamError, Params};
+pub use quantity::{QuantityError, format_bytes, parse_quantity};
 
 /// The data types of the contract, as generated from the WIT (`types` interface).
 pub mod types {

@@ -44,32 +44,11 @@ impl From<ParamError> for String {
     }
 }
 
-/// Bytes of a Kubernetes quantity with an integer value: `1073741824`, `10Gi`, `500M`
-/// (binary suffixes Ki Mi Gi Ti Pi Ei, decimal k M G T P E). `None` when malformed or
-/// beyond `u64`.
+/// Bytes of a Kubernetes quantity (`1073741824`, `10Gi`, `500M`, `1.5Gi`, `1e9`; see
+/// [`crate::quantity`]). `None` when it is not a quantity, negative or beyond `u64`;
+/// [`crate::quantity::parse_quantity`] says why.
 pub fn parse_bytes(quantity: &str) -> Option<u64> {
-    const SUFFIXES: [(&str, u64); 12] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("Pi", 1 << 50),
-        ("Ei", 1 << 60),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-        ("P", 1_000_000_000_000_000),
-        ("E", 1_000_000_000_000_000_000),
-    ];
-    let (digits, factor) = SUFFIXES
-        .iter()
-        .find_map(|(suffix, factor)| quantity.strip_suffix(suffix).map(|d| (d, *factor)))
-        .unwrap_or((quantity, 1));
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse::<u64>().ok()?.checked_mul(factor)
+    crate::quantity::parse_quantity(quantity).ok()
 }
 
 /// A view of a string map of parameters.
@@ -158,17 +137,35 @@ impl<'a> Params<'a> {
         })
     }
 
-    /// A size parameter in bytes, written as a Kubernetes quantity (`10Gi`, `500M`, see
-    /// [`parse_bytes`]); `None` when absent.
+    /// A size parameter in bytes, written as a Kubernetes quantity (`10Gi`, `500M`,
+    /// `1.5Gi`, see [`crate::quantity`]); `None` when absent.
     pub fn bytes(&self, key: &str) -> Result<Option<u64>, ParamError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => parse_bytes(v).map(Some).ok_or_else(|| {
-                ParamError(format!(
-                    "StorageClass parameter `{key}` is {v:?}: set it to a size such as 10Gi or 500M"
-                ))
-            }),
+            Some(v) => crate::quantity::parse_quantity(v)
+                .map(Some)
+                .map_err(|e| ParamError(format!("StorageClass parameter `{key}` is {v:?}: {e}"))),
         }
+    }
+
+    /// A size parameter in bytes, written as a Kubernetes quantity (`10Gi`, `500M`,
+    /// `1048576`, `1.5Gi`): the value of `key`, or `default` (itself a quantity, such as
+    /// `"1Gi"`) when absent or empty. Without a default the parameter is required and
+    /// `hint` says what to set it to. The same helper as `Params.quantity` of the Python
+    /// and JavaScript SDKs; the bytes are exactly those the API server reads (a fraction
+    /// of a byte rounds up).
+    pub fn quantity(
+        &self,
+        key: &str,
+        default: Option<&str>,
+        hint: &str,
+    ) -> Result<u64, ParamError> {
+        let value = match default {
+            Some(d) => self.get_or(key, d),
+            None => self.require(key, hint)?,
+        };
+        crate::quantity::parse_quantity(value)
+            .map_err(|e| ParamError(format!("StorageClass parameter `{key}` is {value:?}: {e}")))
     }
 
     /// Refuses keys outside `known` (catches typos such as `nodepath`).
@@ -259,14 +256,65 @@ mod tests {
         assert_eq!(parse_bytes("10Gi"), Some(10 << 30));
         assert_eq!(parse_bytes("500M"), Some(500_000_000));
         assert_eq!(parse_bytes("1024"), Some(1024));
-        for bad in ["", "Gi", "1.5Gi", "-1", "10 Gi", "10GB", "99999999999Ei"] {
+        assert_eq!(parse_bytes("1.5Gi"), Some(3 << 29));
+        assert_eq!(parse_bytes("1e9"), Some(1_000_000_000));
+        for bad in [
+            "",
+            "Gi",
+            "-1",
+            "10 Gi",
+            "10GB",
+            "1K",
+            "16Ei",
+            "99999999999Ei",
+        ] {
             assert_eq!(parse_bytes(bad), None, "{bad}");
         }
         let m = map(&[("maxSize", "2Gi"), ("bad", "lots")]);
         let p = Params::new(&m);
         assert_eq!(p.bytes("maxSize"), Ok(Some(2 << 30)));
         assert_eq!(p.bytes("none"), Ok(None));
-        assert!(p.bytes("bad").unwrap_err().0.contains("`bad` is \"lots\""));
+        let e = p.bytes("bad").unwrap_err();
+        assert!(
+            e.0.contains("`bad` is \"lots\"") && e.0.contains("10Gi"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn quantities_with_defaults_and_hints() {
+        let m = map(&[
+            ("maxSize", "10Gi"),
+            ("small", "500M"),
+            ("odd", "1.1Gi"),
+            ("bad", "10GB"),
+            ("neg", "-1Gi"),
+            ("empty", ""),
+        ]);
+        let p = Params::new(&m);
+        assert_eq!(p.quantity("maxSize", None, "h"), Ok(10 << 30));
+        assert_eq!(p.quantity("small", Some("1Gi"), "h"), Ok(500_000_000));
+        // 1.1 * 2^30 = 1181116006.4 bytes: rounded up, as the API server does.
+        assert_eq!(p.quantity("odd", None, "h"), Ok(1_181_116_007));
+        assert_eq!(p.quantity("none", Some("1Gi"), "h"), Ok(1 << 30));
+        assert_eq!(p.quantity("empty", Some("2k"), "h"), Ok(2000));
+        let e = p
+            .quantity("none", None, "the largest claim, such as 10Gi")
+            .unwrap_err();
+        assert!(e.0.contains("`none` is required: the largest claim"), "{e}");
+        let e = p.quantity("bad", None, "h").unwrap_err();
+        assert!(
+            e.0.contains("`bad` is \"10GB\"") && e.0.contains("not a Kubernetes quantity"),
+            "{e}"
+        );
+        let e = p.quantity("neg", None, "h").unwrap_err();
+        assert!(e.0.contains("negative"), "{e}");
+        let e = p.quantity("none", Some("lots"), "h").unwrap_err();
+        assert!(e.0.contains("\"lots\""), "{e}");
+        assert!(matches!(
+            ProvisionError::from(e),
+            ProvisionError::Infeasible(_)
+        ));
     }
 
     #[test]

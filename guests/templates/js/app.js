@@ -6,14 +6,16 @@
 // host checks a StorageClass with it before any claim of it fails). Add `expand` (grow a
 // volume) or `getCapacity` (the backend's space) to have those too; the build exports
 // exactly the capabilities the plugin implements and `describe` lists them.
-import * as sdk from './sdk/wasm-provisioner-sdk.js';
+import * as sdk from 'wasm-provisioner-sdk';
 
 const ANN_GUEST_ROOT = '{{name}}/guest-root';
 
 /** The class's parameters, checked (throws sdk.ParamError). */
 function settings(parameters) {
   const params = new sdk.Params(parameters);
-  params.rejectUnknown(['nodePath', 'guestRoot', 'maxSize']);
+  // deleteChunkEntries: the entries one `delete` call removes at most (sdk.deleteBudget).
+  params.rejectUnknown(['nodePath', 'guestRoot', 'maxSize', sdk.DELETE_CHUNK_PARAMETER]);
+  sdk.deleteBudget(params);
   return {
     nodePath: params.absolutePath('nodePath', undefined, 'the granted directory on the nodes'),
     guestRoot: params.absolutePath('guestRoot', '/volumes'),
@@ -59,7 +61,8 @@ class Guest {
     const type = root.typeOf(name);
     if (type !== undefined && type !== 'directory') throw new sdk.Failed(`{{name}}: ${guestRoot}/${name} is not a directory; not touched`);
     if (type) {
-      const [removed, done] = root.removeTree(name, 100000);
+      // Bounded and resumable: `in-background` until it is gone, and the host calls again.
+      const [removed, done] = root.removeTree(name, sdk.deleteBudget(params));
       if (!done) throw new sdk.InBackground(`{{name}}: deleted ${removed} entries of ${name}; the rest goes in the next calls`);
     }
     sdk.log.info('deleted', { volume: name });

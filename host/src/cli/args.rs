@@ -193,8 +193,11 @@ pub struct GuestNewArgs {
     #[arg(long, env = "WASM_PROVISIONER_GUEST_DIR")]
     pub dir: Option<PathBuf>,
 
-    /// Rust only: depend on the SDK crate at this path (a clone's `guests/sdk`) instead
-    /// of the git tag of this host's version.
+    /// Depend on a local SDK instead of the package `wasm-provisioner-sdk` of this
+    /// host's version from its registry (development, or no registry): Rust a crate
+    /// directory (a clone's `guests/sdk`, or an unpacked `.crate`), Python a wheel
+    /// (`.whl`) or a clone's `guests/python/sdk`, JavaScript an `npm pack` tarball
+    /// (`.tgz`). `guests/package-sdks.sh` makes all of them.
     #[arg(long, env = "WASM_PROVISIONER_SDK_PATH")]
     pub sdk_path: Option<PathBuf>,
 }

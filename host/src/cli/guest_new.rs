@@ -3,19 +3,25 @@
 //!
 //! Every template (in `guests/templates/`, embedded in the binary) holds the contract
 //! vendored at this host's version (`wit/provisioner.wit`, contract 0.2), a plugin that
-//! makes one directory per volume and has the optional capability `validate-class` (with
-//! `expand` commented out, to show how a capability is added), `build.sh` (to
-//! `dist/NAME.wasm`), `test.sh` (builds, then runs the module in the offline runner with
-//! a real granted directory), the classes and claims the test uses, and a README. Python and JavaScript projects carry their SDK file and
-//! the same pinned toolchain as this repository's guests (`guests/python/requirements.txt`,
-//! `guests/js/package-lock.json`); a Rust project depends on the SDK crate by git tag of
-//! this host's version, or by path with `--sdk-path` (development, or no network).
+//! makes one directory per volume, deletes it in bounded, resumable chunks and has the
+//! optional capability `validate-class` (with `expand` commented out, to show how a
+//! capability is added), `build.sh` (to `dist/NAME.wasm`), `test.sh` (builds, then runs
+//! the module in the offline runner with a real granted directory), the classes and
+//! claims the test uses, and a README.
+//!
+//! The SDK is a dependency on the versioned package, `wasm-provisioner-sdk` at this
+//! host's version, from its registry: the crate (crates.io) in `Cargo.toml`, the wheel
+//! (PyPI) in `requirements.txt`, the npm package in `package.json` and its lock, so an
+//! upgrade is a version change. `--sdk-path` names a local SDK instead, for development
+//! or without the registry: a crate directory (a clone's `guests/sdk`, or a `.crate`
+//! unpacked), a wheel (`.whl`) or the Python SDK's source directory, an `npm pack`
+//! tarball (`.tgz`); `guests/package-sdks.sh` makes all of them.
 
 use std::path::{Path, PathBuf};
 
-/// Where the Rust SDK is fetched from by a new Rust project (a git dependency pinned
-/// to the tag of this host's version, `v<version>`).
-pub const SDK_GIT_URL: &str = "https://github.com/wasm-provisioner/wasm-provisioner";
+/// The name of the SDK package in every registry (crates.io, PyPI, npm); its version
+/// is this host's.
+pub const SDK_PACKAGE: &str = "wasm-provisioner-sdk";
 
 /// The language of a new guest project.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -34,14 +40,8 @@ pub enum GuestNewError {
     BadName { name: String },
     #[error("{dir} already exists and is not empty: choose another --dir or remove it")]
     NotEmpty { dir: PathBuf },
-    #[error(
-        "--sdk-path {path}: no Cargo.toml of the wasm-provisioner-sdk crate there (pass the repository's guests/sdk directory)"
-    )]
-    BadSdkPath { path: PathBuf },
-    #[error(
-        "--sdk-path is for --lang rust only (the Python and JavaScript SDKs are copied into the project)"
-    )]
-    SdkPathNotRust,
+    #[error("--sdk-path {path}: {problem}")]
+    BadSdkPath { path: PathBuf, problem: String },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -64,18 +64,15 @@ const RUST_BUILD: &str = include_str!("../../../guests/templates/rust/build.sh")
 
 const PY_APP: &str = include_str!("../../../guests/templates/python/src/app.py");
 const PY_BUILD: &str = include_str!("../../../guests/templates/python/build.sh");
-const PY_REQUIREMENTS: &str = include_str!("../../../guests/python/requirements.txt");
-const PY_SDK: &str = include_str!("../../../guests/python/sdk/wasm_provisioner_sdk.py");
-const PY_WORLD: &str = include_str!("../../../guests/python/sdk/wasm_provisioner_world.py");
+/// componentize-py, pinned: the new project's `build-requirements.txt`.
+const PY_BUILD_REQUIREMENTS: &str = include_str!("../../../guests/python/requirements.txt");
 
 const JS_APP: &str = include_str!("../../../guests/templates/js/app.js");
 const JS_BUILD: &str = include_str!("../../../guests/templates/js/build.sh");
+/// componentize-js and what it needs, pinned: the start of the new project's lock.
 const JS_LOCK: &str = include_str!("../../../guests/js/package-lock.json");
-const JS_COMPONENTIZE: &str = include_str!("../../../guests/js/componentize.mjs");
-const JS_WORLD: &str = include_str!("../../../guests/js/world.wit");
-const JS_SDK: &str = include_str!("../../../guests/js/sdk/wasm-provisioner-sdk.js");
-/// The name of the package in `guests/js/package-lock.json`, replaced by the guest's.
-const JS_LOCK_NAME: &str = "\"name\": \"wasm-provisioner-js-guests\"";
+/// The SDK's npm manifest: its peer dependencies and bin, for the lock's entry.
+const JS_SDK_PACKAGE: &str = include_str!("../../../guests/js/sdk/package.json");
 
 /// What `guest new` made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,13 +100,20 @@ pub fn project_files(
         .find_map(|l| l.strip_prefix("package "))
         .map(|p| p.trim_end_matches(';').to_string())
         .unwrap_or_default();
+    let sdk = match sdk_path {
+        Some(path) => Some(local_sdk(lang, path)?),
+        None => None,
+    };
     let (lang_name, main_file, test_what, extra, toolchain, native_test, howto) = match lang {
         Lang::Rust => (
             "Rust",
             "`src/lib.rs`",
             "runs the unit tests natively (`cargo test`), builds, then runs the module in the offline runner",
-            "| `Cargo.toml` | the crate (a `cdylib`) and its SDK dependency |\n",
-            rust_toolchain_notes(version),
+            "| `Cargo.toml` | the crate (a `cdylib`) and its dependency on the SDK crate `wasm-provisioner-sdk` |\n",
+            "`build.sh` adds the `wasm32-wasip2` target with rustup if missing and runs `cargo \
+             build --release --target wasm32-wasip2`. `cargo test` runs the plugin natively \
+             (the SDK's `testing` builds requests)."
+                .to_string(),
             "cargo test --quiet\n",
             "implement the trait (`Expander`, `CapacityReporter`, `ClassValidator`) and name \
              the capability in `export!` (`capabilities: [validate_class, expand]`).",
@@ -118,14 +122,15 @@ pub fn project_files(
             "Python",
             "`src/app.py`",
             "builds, then runs the module in the offline runner",
-            "| `sdk/wasm_provisioner_sdk.py` | the Python SDK, at the host's version |\n\
-             | `sdk/wasm_provisioner_world.py` | writes the world the plugin is built for (its capabilities) |\n\
-             | `requirements.txt` | componentize-py, pinned |\n",
-            "`build.sh` installs componentize-py (pinned in `requirements.txt`) into `.venv` on \
-             first use (`COMPONENTIZE_PY_VENV` names another venv), writes the world the plugin \
-             is built for (`sdk/wasm_provisioner_world.py`: contract 0.2's `plugin` world plus \
-             an export per capability method the plugin class defines) and runs \
-             `componentize-py -d WORLD_DIR -w guest componentize -p src -p sdk app`. Python \
+            "| `requirements.txt` | what the plugin needs at run time, bundled into the component: the SDK `wasm-provisioner-sdk`, pinned |\n\
+             | `build-requirements.txt` | the build's toolchain: componentize-py, pinned |\n",
+            "`build.sh` installs componentize-py (pinned in `build-requirements.txt`) into \
+             `.venv` on first use (`COMPONENTIZE_PY_VENV` names another venv), the plugin's \
+             dependencies (`requirements.txt`) into `.deps` with `pip install --target` (again \
+             when the file changes), writes the world the plugin is built for (`python -m \
+             wasm_provisioner_world`, from the SDK: contract 0.2's `plugin` world plus an \
+             export per capability method the plugin class defines) and runs \
+             `componentize-py -d WORLD_DIR -w guest componentize -p src -p .deps app`. Python \
              3.10 or later. The component is ~19 MB: more than a ConfigMap holds (see Deploy)."
                 .to_string(),
             "",
@@ -136,11 +141,10 @@ pub fn project_files(
             "JavaScript",
             "`app.js`",
             "builds, then runs the module in the offline runner",
-            "| `sdk/wasm-provisioner-sdk.js` | the JavaScript SDK, at the host's version |\n\
-             | `componentize.mjs`, `world.wit` | the build through the componentize-js API; the world adds the WASI filesystem imports |\n\
-             | `package.json`, `package-lock.json` | componentize-js, pinned |\n",
-            "`build.sh` runs `npm ci` on first use (`NODE_MODULES_DIR` names a `node_modules` \
-             installed from the same lock, linked instead) and `node componentize.mjs app.js \
+            "| `package.json`, `package-lock.json` | the SDK `wasm-provisioner-sdk` (with its build, `componentize.mjs`) and componentize-js, pinned |\n",
+            "`build.sh` runs `npm ci` on first use and when the lock changes \
+             (`NODE_MODULES_DIR` names a `node_modules` installed from the same lock, linked \
+             instead) and `node node_modules/wasm-provisioner-sdk/componentize.mjs app.js \
              dist/NAME.wasm wit`, which loads `app.js` in Node once (the host's imports \
              stubbed) to see which capability exports it defines and builds for a world \
              exporting exactly those. Node 20.6 or later. The component is ~13 MB: more than a \
@@ -161,31 +165,8 @@ pub fn project_files(
         }
     };
     let crate_name = name.replace('-', "_");
-    let sdk_dependency = match sdk_path {
-        Some(path) => {
-            if lang != Lang::Rust {
-                return Err(GuestNewError::SdkPathNotRust);
-            }
-            let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-            let manifest = std::fs::read_to_string(absolute.join("Cargo.toml")).unwrap_or_default();
-            if !manifest.contains("name = \"wasm-provisioner-sdk\"") {
-                return Err(GuestNewError::BadSdkPath {
-                    path: path.to_path_buf(),
-                });
-            }
-            format!(
-                "# Development form: the SDK of a local clone. The released form is\n\
-                 # wasm-provisioner-sdk = {{ git = \"{SDK_GIT_URL}\", tag = \"v{version}\" }}\n\
-                 wasm-provisioner-sdk = {{ path = {:?} }}",
-                absolute.display().to_string()
-            )
-        }
-        None => format!(
-            "# The SDK at this host's version. For development against a local clone:\n\
-             # wasm-provisioner-sdk = {{ path = \"/path/to/wasm-provisioner/guests/sdk\" }}\n\
-             wasm-provisioner-sdk = {{ git = \"{SDK_GIT_URL}\", tag = \"v{version}\" }}"
-        ),
-    };
+    let sdk_dependency = rust_sdk_dependency(sdk.as_deref(), version);
+    let sdk_howto = sdk_howto(lang, sdk.as_deref(), version);
     let fill = |template: &str| {
         template
             .replace("{{name}}", name)
@@ -199,6 +180,7 @@ pub fn project_files(
             .replace("{{test_what}}", test_what)
             .replace("{{extra_files}}", extra)
             .replace("{{toolchain}}", &toolchain)
+            .replace("{{sdk_howto}}", &sdk_howto)
             .replace("{{delivery}}", delivery)
             .replace("{{capability_howto}}", howto)
     };
@@ -220,48 +202,195 @@ pub fn project_files(
         ]),
         Lang::Python => files.extend([
             ("src/app.py", fill(PY_APP), false),
-            ("sdk/wasm_provisioner_sdk.py", PY_SDK.to_string(), false),
-            ("sdk/wasm_provisioner_world.py", PY_WORLD.to_string(), false),
-            ("requirements.txt", PY_REQUIREMENTS.to_string(), false),
+            (
+                "requirements.txt",
+                python_requirements(sdk.as_deref(), version),
+                false,
+            ),
+            (
+                "build-requirements.txt",
+                PY_BUILD_REQUIREMENTS.to_string(),
+                false,
+            ),
             ("build.sh", fill(PY_BUILD), true),
             (
                 ".gitignore",
-                "/.venv/\n/dist/\n__pycache__/\n".to_string(),
+                "/.venv/\n/.deps/\n/dist/\n__pycache__/\n".to_string(),
                 false,
             ),
         ]),
-        Lang::Js => files.extend([
-            ("app.js", fill(JS_APP), false),
-            ("sdk/wasm-provisioner-sdk.js", JS_SDK.to_string(), false),
-            ("componentize.mjs", JS_COMPONENTIZE.to_string(), false),
-            ("world.wit", JS_WORLD.to_string(), false),
-            ("package.json", js_package_json(name), false),
-            (
-                "package-lock.json",
-                JS_LOCK.replace(JS_LOCK_NAME, &format!("\"name\": \"{name}\"")),
-                false,
-            ),
-            ("build.sh", fill(JS_BUILD), true),
-            (".gitignore", "/node_modules\n/dist/\n".to_string(), false),
-        ]),
+        Lang::Js => {
+            let spec = js_sdk_spec(sdk.as_deref(), version);
+            files.extend([
+                ("app.js", fill(JS_APP), false),
+                ("package.json", js_package_json(name, &spec), false),
+                (
+                    "package-lock.json",
+                    js_package_lock(name, &spec, version),
+                    false,
+                ),
+                ("build.sh", fill(JS_BUILD), true),
+                (".gitignore", "/node_modules\n/dist/\n".to_string(), false),
+            ])
+        }
     }
     Ok(files)
 }
 
-fn rust_toolchain_notes(version: &str) -> String {
+/// Checks a `--sdk-path` for `lang` and makes it absolute: a crate directory (Rust), a
+/// wheel or the SDK's source directory (Python), an `npm pack` tarball (JavaScript).
+fn local_sdk(lang: Lang, path: &Path) -> Result<PathBuf, GuestNewError> {
+    let bad = |problem: &str| GuestNewError::BadSdkPath {
+        path: path.to_path_buf(),
+        problem: problem.to_string(),
+    };
+    let absolute = std::path::absolute(path).map_err(|e| bad(&e.to_string()))?;
+    let file_name = absolute
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let names_the_sdk = |file: &str, needle: &str| {
+        std::fs::read_to_string(absolute.join(file)).is_ok_and(|text| text.contains(needle))
+    };
+    let ok = match lang {
+        Lang::Rust => names_the_sdk("Cargo.toml", "name = \"wasm-provisioner-sdk\""),
+        Lang::Python if absolute.is_dir() => {
+            names_the_sdk("pyproject.toml", "name = \"wasm-provisioner-sdk\"")
+        }
+        Lang::Python => {
+            file_name.starts_with("wasm_provisioner_sdk-") && file_name.ends_with(".whl")
+        }
+        Lang::Js => file_name.starts_with("wasm-provisioner-sdk-") && file_name.ends_with(".tgz"),
+    };
+    if !ok || !absolute.exists() {
+        return Err(bad(match lang {
+            Lang::Rust => {
+                "no Cargo.toml of the wasm-provisioner-sdk crate there: pass a crate directory \
+                 (a clone's guests/sdk, or a .crate unpacked by guests/package-sdks.sh)"
+            }
+            Lang::Python => {
+                "not a wasm_provisioner_sdk-VERSION-py3-none-any.whl nor a directory with the \
+                 pyproject.toml of wasm-provisioner-sdk: pass the wheel guests/package-sdks.sh \
+                 builds, or a clone's guests/python/sdk"
+            }
+            Lang::Js => {
+                "not a wasm-provisioner-sdk-VERSION.tgz: pass the tarball guests/package-sdks.sh \
+                 makes (npm pack guests/js/sdk)"
+            }
+        }));
+    }
+    let text = absolute.to_str().ok_or_else(|| bad("not UTF-8"))?;
+    if text
+        .chars()
+        .any(|c| c.is_whitespace() || c == '"' || c == '\\' || c == '#')
+    {
+        return Err(bad(
+            "it holds a space, quote, backslash or `#`, which the package files cannot carry: move it",
+        ));
+    }
+    Ok(absolute)
+}
+
+/// The `Cargo.toml` line of the SDK: the version from crates.io, or a local path with it.
+fn rust_sdk_dependency(local: Option<&Path>, version: &str) -> String {
+    match local {
+        Some(path) => format!(
+            "# Development form: a local SDK (`guest new --sdk-path`). The released form is\n\
+             # {SDK_PACKAGE} = \"{version}\"\n\
+             {SDK_PACKAGE} = {{ version = \"{version}\", path = \"{}\" }}",
+            path.display()
+        ),
+        None => format!(
+            "# The SDK at this host's version, from crates.io. Upgrade: change the version.\n\
+             # A local SDK instead: {SDK_PACKAGE} = {{ version = \"{version}\", path = \"/path/to/guests/sdk\" }}\n\
+             {SDK_PACKAGE} = \"{version}\""
+        ),
+    }
+}
+
+/// The new Python project's `requirements.txt`: the SDK wheel, pinned.
+fn python_requirements(local: Option<&Path>, version: &str) -> String {
+    let requirement = match local {
+        Some(path) => format!(
+            "# Development form: a local SDK (`guest new --sdk-path`). The released form is\n\
+             # {SDK_PACKAGE}=={version}\n\
+             {SDK_PACKAGE} @ file://{}",
+            path.display()
+        ),
+        None => format!("{SDK_PACKAGE}=={version}"),
+    };
     format!(
-        "`build.sh` adds the `wasm32-wasip2` target with rustup if missing and runs `cargo \
-         build --release --target wasm32-wasip2`. The SDK comes from git, the tag \
-         `v{version}` of {SDK_GIT_URL}; to build against a local clone instead, switch \
-         `Cargo.toml` to the path form it shows (`guest new --sdk-path DIR` writes that \
-         form). `cargo test` runs the plugin natively (the SDK's `testing` builds requests)."
+        "# What the plugin needs at run time, bundled into the component: build.sh installs\n\
+         # it into .deps (pip install --target) and componentize-py reads it from there.\n\
+         # The SDK at this host's version; upgrade by changing the pin, then build.sh.\n\
+         {requirement}\n"
     )
 }
 
-fn js_package_json(name: &str) -> String {
+/// The new JavaScript project's dependency on the SDK: the version, or the tarball.
+fn js_sdk_spec(local: Option<&Path>, version: &str) -> String {
+    match local {
+        Some(path) => format!("file:{}", path.display()),
+        None => version.to_string(),
+    }
+}
+
+/// The README's section on the SDK: where it comes from and how to upgrade.
+fn sdk_howto(lang: Lang, local: Option<&Path>, version: &str) -> String {
+    let (file, declared, upgrade, development) = match lang {
+        Lang::Rust => (
+            "`Cargo.toml`",
+            format!("the crate `{SDK_PACKAGE} = \"{version}\"` (crates.io)"),
+            "change the version in `Cargo.toml` (`cargo update -p wasm-provisioner-sdk` picks \
+             up a patch release of the same minor version), then `bash test.sh`",
+            format!(
+                "`{SDK_PACKAGE} = {{ version = \"{version}\", path = \"/path/to/guests/sdk\" }}` \
+                 in `Cargo.toml`"
+            ),
+        ),
+        Lang::Python => (
+            "`requirements.txt`",
+            format!("the wheel `{SDK_PACKAGE}=={version}` (PyPI)"),
+            "change the pin in `requirements.txt`, then `bash test.sh` (build.sh reinstalls \
+             `.deps` when the file changes)",
+            format!(
+                "`{SDK_PACKAGE} @ file:///path/to/wasm_provisioner_sdk-{version}-py3-none-any.whl` \
+                 in `requirements.txt`"
+            ),
+        ),
+        Lang::Js => (
+            "`package.json` and `package-lock.json`",
+            format!("the npm package `{SDK_PACKAGE}@{version}`"),
+            "`npm install wasm-provisioner-sdk@NEW --save-exact` (updates both files; the new \
+             SDK brings its build, `componentize.mjs`), then `bash test.sh`",
+            format!(
+                "`npm install --save-exact /path/to/{SDK_PACKAGE}-{version}.tgz` (package.json \
+                 and the lock)"
+            ),
+        ),
+    };
+    let origin = match local {
+        Some(path) => format!(
+            "This project was made with `--sdk-path`: {file} names the local SDK `{}` \
+             (development form); the released form is {declared}.",
+            path.display()
+        ),
+        None => format!("{file} names {declared}, the SDK of the host this project was made with."),
+    };
+    format!(
+        "{origin} The SDK's minor version follows the host's: an SDK 0.1.x plugin speaks \
+         contract 0.2 (`wit/provisioner.wit`) and runs on every host that serves it. \
+         Upgrade: {upgrade}. A local SDK (a clone's, during development): {development}, \
+         or a new project with `wasm-provisioner guest new --sdk-path` (`guests/package-sdks.sh` \
+         in the repository makes the packages)."
+    )
+}
+
+fn js_package_json(name: &str, sdk_spec: &str) -> String {
     let lock: serde_json::Value =
         serde_json::from_str(JS_LOCK).expect("guests/js/package-lock.json is JSON");
-    let dependencies = lock["packages"][""]["dependencies"].clone();
+    let mut dependencies = lock["packages"][""]["dependencies"].clone();
+    dependencies[SDK_PACKAGE] = serde_json::Value::from(sdk_spec);
     let package = serde_json::json!({
         "name": name,
         "private": true,
@@ -269,6 +398,35 @@ fn js_package_json(name: &str) -> String {
         "dependencies": dependencies,
     });
     serde_json::to_string_pretty(&package).expect("JSON") + "\n"
+}
+
+/// The repository's lock of componentize-js with the project's name and an entry for
+/// the SDK (`resolved` from the registry or the tarball; `npm ci` installs exactly it).
+fn js_package_lock(name: &str, sdk_spec: &str, version: &str) -> String {
+    let mut lock: serde_json::Value =
+        serde_json::from_str(JS_LOCK).expect("guests/js/package-lock.json is JSON");
+    let sdk: serde_json::Value =
+        serde_json::from_str(JS_SDK_PACKAGE).expect("guests/js/sdk/package.json is JSON");
+    lock["name"] = name.into();
+    let root = &mut lock["packages"][""];
+    root["name"] = name.into();
+    if let Some(root) = root.as_object_mut() {
+        root.remove("license");
+    }
+    root["dependencies"][SDK_PACKAGE] = sdk_spec.into();
+    let resolved = match sdk_spec.strip_prefix("file:") {
+        Some(_) => sdk_spec.to_string(),
+        None => format!("https://registry.npmjs.org/{SDK_PACKAGE}/-/{SDK_PACKAGE}-{version}.tgz"),
+    };
+    lock["packages"][format!("node_modules/{SDK_PACKAGE}")] = serde_json::json!({
+        "version": version,
+        "resolved": resolved,
+        "license": sdk["license"],
+        "bin": sdk["bin"],
+        "engines": sdk["engines"],
+        "peerDependencies": sdk["peerDependencies"],
+    });
+    serde_json::to_string_pretty(&lock).expect("JSON") + "\n"
 }
 
 /// Writes a new project into `dir` (which must not exist, or be empty).
@@ -346,32 +504,145 @@ mod tests {
             let readme = file("README.md").unwrap();
             assert!(
                 readme.contains("wasm-provisioner:plugin@0.2.0")
-                    && readme.contains("## Capabilities"),
+                    && readme.contains("## Capabilities")
+                    && readme.contains("## The SDK: a versioned package")
+                    && readme.contains("Upgrade: "),
                 "{lang:?}: {readme}"
+            );
+            // No copy of an SDK in the project: it is a dependency.
+            assert!(
+                !files.iter().any(|f| f.0.starts_with("sdk/")
+                    || f.0 == "componentize.mjs"
+                    || f.0 == "world.wit"),
+                "{lang:?}"
             );
         }
         let files = project_files("g", Lang::Python, None).unwrap();
-        assert!(files.iter().any(|f| f.0 == "sdk/wasm_provisioner_world.py"));
-        let files = project_files("g", Lang::Js, None).unwrap();
-        let world = &files.iter().find(|f| f.0 == "world.wit").unwrap().1;
-        assert!(world.contains("include wasm-provisioner:plugin/plugin@0.2.0;"));
+        let build = &files
+            .iter()
+            .find(|f| f.0 == "build-requirements.txt")
+            .unwrap()
+            .1;
+        assert!(build.contains("componentize-py=="), "{build}");
+    }
+
+    /// Every SDK package is at the host's version, so `guest new` names packages that
+    /// exist together.
+    #[test]
+    fn the_sdk_packages_are_at_the_hosts_version() {
+        let version = env!("CARGO_PKG_VERSION");
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let guests = std::fs::read_to_string(repo.join("guests/Cargo.toml")).unwrap();
+        assert!(
+            guests.contains(&format!("\nversion = \"{version}\"\n")),
+            "guests/Cargo.toml"
+        );
+        let pyproject =
+            std::fs::read_to_string(repo.join("guests/python/sdk/pyproject.toml")).unwrap();
+        assert!(
+            pyproject.contains(&format!("\nversion = \"{version}\"\n")),
+            "pyproject.toml"
+        );
+        let npm: serde_json::Value = serde_json::from_str(JS_SDK_PACKAGE).unwrap();
+        assert_eq!(npm["version"], version);
+        assert_eq!(npm["name"], SDK_PACKAGE);
     }
 
     #[test]
-    fn the_rust_template_depends_on_the_sdk_by_tag_or_by_path() {
-        let files = project_files("g", Lang::Rust, None).unwrap();
-        let cargo = &files.iter().find(|f| f.0 == "Cargo.toml").unwrap().1;
+    fn new_projects_depend_on_the_versioned_sdk_package() {
+        let version = env!("CARGO_PKG_VERSION");
+        let file = |lang, name: &str| {
+            let files = project_files("g", lang, None).unwrap();
+            files.into_iter().find(|f| f.0 == name).unwrap().1
+        };
+        let cargo = file(Lang::Rust, "Cargo.toml");
         assert!(
-            cargo.contains(&format!("tag = \"v{}\" }}\n", env!("CARGO_PKG_VERSION"))),
+            cargo.contains(&format!("\nwasm-provisioner-sdk = \"{version}\"\n")),
             "{cargo}"
         );
-        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/sdk");
-        let files = project_files("g", Lang::Rust, Some(&sdk)).unwrap();
-        let cargo = &files.iter().find(|f| f.0 == "Cargo.toml").unwrap().1;
         assert!(
-            cargo.contains("wasm-provisioner-sdk = { path = "),
+            !cargo.contains("git =") && !cargo.contains("\nwasm-provisioner-sdk = {"),
             "{cargo}"
         );
+        let requirements = file(Lang::Python, "requirements.txt");
+        assert!(
+            requirements.contains(&format!("\nwasm-provisioner-sdk=={version}\n")),
+            "{requirements}"
+        );
+        let package: serde_json::Value =
+            serde_json::from_str(&file(Lang::Js, "package.json")).unwrap();
+        assert_eq!(package["dependencies"]["wasm-provisioner-sdk"], version);
+        let lock: serde_json::Value =
+            serde_json::from_str(&file(Lang::Js, "package-lock.json")).unwrap();
+        assert_eq!(lock["name"], "g");
+        assert_eq!(
+            lock["packages"][""]["dependencies"],
+            package["dependencies"]
+        );
+        let entry = &lock["packages"]["node_modules/wasm-provisioner-sdk"];
+        assert_eq!(entry["version"], version);
+        assert_eq!(
+            entry["resolved"],
+            format!(
+                "https://registry.npmjs.org/wasm-provisioner-sdk/-/wasm-provisioner-sdk-{version}.tgz"
+            )
+        );
+        assert_eq!(
+            entry["peerDependencies"]["@bytecodealliance/componentize-js"],
+            package["dependencies"]["@bytecodealliance/componentize-js"],
+            "the SDK's build and the project pin the same componentize-js"
+        );
+        let app = file(Lang::Js, "app.js");
+        assert!(app.contains("from 'wasm-provisioner-sdk';"), "{app}");
+    }
+
+    #[test]
+    fn sdk_path_names_a_local_package_of_each_language() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests");
+        let file = |lang, path: &Path, name: &str| {
+            let files = project_files("g", lang, Some(path)).unwrap();
+            files.into_iter().find(|f| f.0 == name).unwrap().1
+        };
+        let cargo = file(Lang::Rust, &repo.join("sdk"), "Cargo.toml");
+        assert!(
+            cargo.contains("wasm-provisioner-sdk = { version = \"0.1.0\", path = \"/"),
+            "{cargo}"
+        );
+        let requirements = file(Lang::Python, &repo.join("python/sdk"), "requirements.txt");
+        assert!(
+            requirements.contains("\nwasm-provisioner-sdk @ file:///"),
+            "{requirements}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = dir
+            .path()
+            .join("wasm_provisioner_sdk-0.1.0-py3-none-any.whl");
+        let tarball = dir.path().join("wasm-provisioner-sdk-0.1.0.tgz");
+        std::fs::write(&wheel, "").unwrap();
+        std::fs::write(&tarball, "").unwrap();
+        let requirements = file(Lang::Python, &wheel, "requirements.txt");
+        assert!(
+            requirements.contains(&format!(
+                "wasm-provisioner-sdk @ file://{}\n",
+                wheel.display()
+            )),
+            "{requirements}"
+        );
+        let package: serde_json::Value =
+            serde_json::from_str(&file(Lang::Js, &tarball, "package.json")).unwrap();
+        let spec = format!("file:{}", tarball.display());
+        assert_eq!(
+            package["dependencies"]["wasm-provisioner-sdk"],
+            spec.as_str()
+        );
+        let lock: serde_json::Value =
+            serde_json::from_str(&file(Lang::Js, &tarball, "package-lock.json")).unwrap();
+        assert_eq!(
+            lock["packages"]["node_modules/wasm-provisioner-sdk"]["resolved"],
+            spec.as_str()
+        );
+        let readme = file(Lang::Js, &tarball, "README.md");
+        assert!(readme.contains("made with `--sdk-path`"), "{readme}");
     }
 
     #[test]
@@ -380,21 +651,24 @@ mod tests {
         assert!(error.to_string().contains("not a module name"), "{error}");
         let error = project_files("g", Lang::Rust, Some(Path::new("/nonexistent"))).unwrap_err();
         assert!(error.to_string().contains("guests/sdk"), "{error}");
-        let error = project_files("g", Lang::Python, Some(Path::new("/x"))).unwrap_err();
-        assert!(error.to_string().contains("--lang rust only"), "{error}");
+        let error = project_files("g", Lang::Python, Some(Path::new("/x.tgz"))).unwrap_err();
+        assert!(error.to_string().contains(".whl"), "{error}");
+        let error = project_files("g", Lang::Js, Some(Path::new("/x.whl"))).unwrap_err();
+        assert!(error.to_string().contains("npm pack"), "{error}");
+        let missing = Path::new("/nonexistent/wasm-provisioner-sdk-0.1.0.tgz");
+        let error = project_files("g", Lang::Js, Some(missing)).unwrap_err();
+        assert!(
+            error.to_string().contains("--sdk-path /nonexistent"),
+            "{error}"
+        );
         let dir = tempfile::tempdir().unwrap();
+        let spaced = dir.path().join("a b");
+        std::fs::create_dir(&spaced).unwrap();
+        std::fs::write(spaced.join("Cargo.toml"), "name = \"wasm-provisioner-sdk\"").unwrap();
+        let error = project_files("g", Lang::Rust, Some(&spaced)).unwrap_err();
+        assert!(error.to_string().contains("move it"), "{error}");
         std::fs::write(dir.path().join("x"), "").unwrap();
         let error = create("g", Lang::Js, dir.path(), None).unwrap_err();
         assert!(error.to_string().contains("not empty"), "{error}");
-    }
-
-    #[test]
-    fn the_js_package_json_pins_what_the_lock_pins() {
-        let package: serde_json::Value = serde_json::from_str(&js_package_json("g")).unwrap();
-        assert_eq!(package["name"], "g");
-        assert_eq!(
-            package["dependencies"]["@bytecodealliance/componentize-js"],
-            "0.23.0"
-        );
     }
 }

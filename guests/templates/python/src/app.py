@@ -8,7 +8,6 @@ Optional capabilities (contract 0.2) are methods: this plugin has `validate_clas
 exports exactly the capabilities the plugin defines and `describe` lists them."""
 
 import os
-import shutil
 
 import wasm_provisioner_sdk as sdk
 
@@ -19,9 +18,12 @@ def settings(parameters):
     """The class's parameters, checked (raises sdk.ParamError): (nodePath, guestRoot,
     maxSize)."""
     params = sdk.Params(parameters)
-    params.reject_unknown(["nodePath", "guestRoot", "maxSize"])
+    # deleteChunkEntries: the entries one `delete` call removes at most (sdk.delete_budget).
+    params.reject_unknown(["nodePath", "guestRoot", "maxSize", sdk.DELETE_CHUNK_PARAMETER])
+    sdk.delete_budget(params)
     return (params.absolute_path("nodePath", None, "the granted directory on the nodes"),
             params.absolute_path("guestRoot", "/volumes", ""),
+            # A Kubernetes quantity (10Gi, 500M, 1.5Gi), read exactly as the API server does.
             params.quantity("maxSize", "1Gi", ""))
 
 
@@ -63,10 +65,13 @@ class Guest(sdk.Provisioner):
         guest_root = params.absolute_path("guestRoot", annotated, "")
         name = sdk.check_pv_name(req.volume.name)
         path = sdk.join(guest_root, name)
-        if os.path.islink(path):
-            raise sdk.Failed(f"{{name}}: {path} is a symbolic link; not touched")
-        if os.path.isdir(path):
-            shutil.rmtree(path)
+        # What a tenant wrote is hostile input (deep trees, huge directories): delete in
+        # bounded, resumable chunks, never following a symbolic link; answer
+        # `in-background` until it is gone, and the host calls again.
+        removed, done = sdk.remove_tree(path, sdk.delete_budget(params))
+        if not done:
+            raise sdk.InBackground(
+                f"{{name}}: deleted {removed} entries of {path}; the rest goes in the next calls")
         sdk.info("deleted", volume=name, dir=path)
 
 

@@ -1,7 +1,13 @@
+#!/usr/bin/env node
 // Builds one JavaScript guest into a component with the componentize-js API (the jco
-// CLI's `componentize` fails on a local WIT directory):
+// CLI's `componentize` fails on a local WIT directory). Part of the SDK package
+// (`wasm-provisioner-sdk` on npm, the bin `wasm-provisioner-componentize`):
 //
-//   node componentize.mjs SOURCE.js OUT.wasm PROVISIONER_WIT_DIR
+//   node node_modules/wasm-provisioner-sdk/componentize.mjs SOURCE.js OUT.wasm PROVISIONER_WIT_DIR
+//
+// The app imports the SDK by its package name (`import * as sdk from
+// 'wasm-provisioner-sdk'`); it is always the SDK beside this script, so the SDK and its
+// build move together.
 //
 // 1. Which capabilities: SOURCE.js is loaded once in Node, its imports of the host's
 //    interfaces (`wasm-provisioner:*`, `wasi:*`) replaced by stubs (never called while
@@ -12,12 +18,18 @@
 //    `world.wit` beside this script (the world `plugin-js`), a generated world `guest`
 //    (`include plugin-js;` plus one `export` per capability), the host's contract from
 //    PROVISIONER_WIT_DIR as a dependency, and the WASI 0.2.12 packages it uses, taken
-//    from the jco package installed by `npm ci` (so they match the pinned toolchain).
+//    from the jco package installed with componentize-js (so they match the pinned
+//    toolchain).
+// 3. The engine resolves only relative imports, inside the app's directory: the app's
+//    directory (without node_modules, dist and dot entries) is copied to a temporary
+//    directory with the SDK beside it as `__wasm_provisioner_sdk.js`, and the imports
+//    of `wasm-provisioner-sdk` are rewritten to it. An app's own modules must be in its
+//    directory.
 import { componentize } from '@bytecodealliance/componentize-js';
-import { cpSync, mkdtempSync, mkdirSync, rmSync, writeFileSync, renameSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import { register } from 'node:module';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
+import { basename, dirname, join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const [source, out, pluginWit] = process.argv.slice(2);
@@ -26,8 +38,23 @@ if (!source || !out || !pluginWit) {
   process.exit(2);
 }
 const here = dirname(fileURLToPath(import.meta.url));
-// jco is a dependency of componentize-js; its package exports no file paths.
-const jcoWit = join(here, 'node_modules/@bytecodealliance/jco/lib/wit/builtin/0.2.12');
+const SDK_NAME = 'wasm-provisioner-sdk';
+const sdkFile = join(here, 'wasm-provisioner-sdk.js');
+
+// jco is a dependency of componentize-js; its package exports no file paths, so it is
+// looked for in the node_modules directories Node would search from here.
+function findJcoWit() {
+  const wanted = join('@bytecodealliance', 'jco', 'lib', 'wit', 'builtin', '0.2.12');
+  for (let dir = here; ; dir = dirname(dir)) {
+    const candidate = join(dir, 'node_modules', wanted);
+    if (existsSync(candidate)) return candidate;
+    if (dirname(dir) === dir) break;
+  }
+  console.error(`componentize.mjs: no node_modules/${wanted} above ${here}: install the pinned ` +
+    '@bytecodealliance/componentize-js beside wasm-provisioner-sdk (npm ci)');
+  process.exit(1);
+}
+const jcoWit = findJcoWit();
 
 /** Optional capability exports of the app: the JS export name and the WIT interface. */
 const OPTIONAL = [
@@ -42,6 +69,9 @@ const hooks = String.raw`
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 export async function resolve(specifier, context, next) {
+  if (specifier === ${JSON.stringify(SDK_NAME)}) {
+    return { url: ${JSON.stringify(pathToFileURL(sdkFile).href)}, shortCircuit: true };
+  }
   if (/^(wasm-provisioner|wasi):/.test(specifier)) {
     const parent = encodeURIComponent(context.parentURL || '');
     return { url: 'stub:' + encodeURIComponent(specifier) + '?' + parent, shortCircuit: true };
@@ -92,6 +122,32 @@ const guestWorld = [
 ].join('\n');
 console.error(`componentize.mjs: ${source}: capabilities: ${exported.map(([, i]) => i).join(', ') || 'none'}`);
 
+// Step 3: the app's directory with the SDK inside it, its imports of the SDK relative.
+const stageDir = mkdtempSync(join(tmpdir(), 'wasm-provisioner-js-src-'));
+const SDK_IMPORT = new RegExp(`((?:from|import)\\s*\\(?\\s*)(['"])${SDK_NAME}\\2`, 'g');
+function stage(sourceFile) {
+  const appDir = dirname(sourceFile);
+  const skip = new Set(['node_modules', 'dist']);
+  const copy = (from, to) => {
+    mkdirSync(to, { recursive: true });
+    for (const entry of readdirSync(from, { withFileTypes: true })) {
+      if (entry.name.startsWith('.') || skip.has(entry.name)) continue;
+      const src = join(from, entry.name);
+      const dst = join(to, entry.name);
+      if (entry.isDirectory()) {
+        copy(src, dst);
+      } else if (entry.isFile() && /\.m?js$/.test(entry.name)) {
+        const up = relative(dirname(dst), join(stageDir, '__wasm_provisioner_sdk.js')).split(sep).join('/');
+        const spec = up.startsWith('.') ? up : `./${up}`;
+        writeFileSync(dst, readFileSync(src, 'utf8').replace(SDK_IMPORT, `$1$2${spec}$2`));
+      }
+    }
+  };
+  copy(appDir, stageDir);
+  cpSync(sdkFile, join(stageDir, '__wasm_provisioner_sdk.js'));
+  return join(stageDir, basename(sourceFile));
+}
+
 const wit = mkdtempSync(join(tmpdir(), 'wasm-provisioner-js-wit-'));
 try {
   cpSync(join(here, 'world.wit'), join(wit, 'world.wit'));
@@ -101,8 +157,9 @@ try {
   for (const pkg of ['wasi-filesystem', 'wasi-io', 'wasi-clocks']) {
     cpSync(join(jcoWit, pkg), join(wit, 'deps', pkg), { recursive: true });
   }
+  const staged = stage(resolve(source));
   const { component } = await componentize({
-    sourcePath: resolve(source),
+    sourcePath: staged,
     witPath: wit,
     worldName: 'guest',
     // A provisioner needs none of these; without them the component imports less.
@@ -113,4 +170,5 @@ try {
   renameSync(tmp, out);
 } finally {
   rmSync(wit, { recursive: true, force: true });
+  rmSync(stageDir, { recursive: true, force: true });
 }
