@@ -3,6 +3,7 @@
 //! with a token bound to it (what the projected volume would hold), and the flags an
 //! instance on that node runs with. The instances are host processes the test starts.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -12,7 +13,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use crate::fixture::{Fixture, TEST_VOLUME_GRANTS};
+use crate::fixture::{Fixture, SCENARIO_LABEL, TEST_VOLUME_GRANTS};
 use crate::host::free_port;
 
 /// The instances' ServiceAccount.
@@ -181,4 +182,26 @@ pub fn affinity_node(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> Optio
         .node_selector_terms;
     let requirement = terms.first()?.match_expressions.as_ref()?.first()?;
     requirement.values.as_ref()?.first().cloned()
+}
+
+/// A pod `name` that mounts claim `claim`, on one of the scenario's nodes (or on
+/// `node` when given). It never runs: the tests have no kubelet.
+pub fn app_pod(fx: &Fixture, name: &str, claim: &str, node: Option<&str>) -> anyhow::Result<Pod> {
+    let mut selector = BTreeMap::from([(SCENARIO_LABEL.to_string(), fx.ctx.namespace.clone())]);
+    if let Some(node) = node {
+        selector.insert("kubernetes.io/hostname".into(), node.into());
+    }
+    Ok(serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeSelector": selector,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+            }],
+            "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }],
+        },
+    }))?)
 }

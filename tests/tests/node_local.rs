@@ -17,12 +17,12 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::cluster::{admin_kubeconfig, service_account_token, wait_for};
-use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL, WAIT, scenario};
+use wasm_provisioner_tests::fixture::{Fixture, WAIT, scenario};
 use wasm_provisioner_tests::host::{Host, HostConfig};
 use wasm_provisioner_tests::kubeconfig;
 use wasm_provisioner_tests::metrics::host_watches;
 use wasm_provisioner_tests::nodes::{
-    INSTANCE_ACCOUNT, affinity_node, controller_flags, hostpath_grants, test_nodes,
+    INSTANCE_ACCOUNT, affinity_node, app_pod, controller_flags, hostpath_grants, test_nodes,
 };
 
 const NODES: usize = 3;
@@ -35,28 +35,6 @@ struct Instance {
     /// The channel port (the same for every instance, as a DaemonSet's).
     port: u16,
     config: HostConfig,
-}
-
-/// A pod `name` that mounts claim `claim`, on one of the scenario's nodes (or on
-/// `node` when given).
-fn app_pod(fx: &Fixture, name: &str, claim: &str, node: Option<&str>) -> anyhow::Result<Pod> {
-    let mut selector = BTreeMap::from([(SCENARIO_LABEL.to_string(), fx.ctx.namespace.clone())]);
-    if let Some(node) = node {
-        selector.insert("kubernetes.io/hostname".into(), node.into());
-    }
-    Ok(serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "nodeSelector": selector,
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "app",
-                "image": "registry.k8s.io/pause:3.10",
-                "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
-            }],
-            "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }],
-        },
-    }))?)
 }
 
 /// `count` nodes and their instances (not started), with `extra` flags.

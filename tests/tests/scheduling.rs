@@ -11,8 +11,8 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use wasm_provisioner_tests::cluster::wait_for;
-use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL, WAIT, scenario};
-use wasm_provisioner_tests::nodes::affinity_node;
+use wasm_provisioner_tests::fixture::{WAIT, scenario};
+use wasm_provisioner_tests::nodes::{affinity_node, app_pod};
 
 const NODES: usize = 3;
 const PODS: usize = 6;
@@ -33,24 +33,6 @@ async fn default_service_account(
         .create(&PostParams::default(), &default)
         .await?;
     Ok(())
-}
-
-/// A pod `name` that mounts claim `claim`, for the scenario's own nodes (it never runs:
-/// there is no kubelet).
-fn pod(fx: &Fixture, name: &str, claim: &str) -> anyhow::Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "nodeSelector": { SCENARIO_LABEL: fx.ctx.namespace },
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "app",
-                "image": "registry.k8s.io/pause:3.10",
-                "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
-            }],
-            "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }],
-        },
-    }))?)
 }
 
 #[tokio::test]
@@ -76,7 +58,7 @@ async fn the_scheduler_selects_the_node_and_the_volume_is_made_for_it() {
             for i in 0..PODS {
                 let claim = format!("data-{i}");
                 fx.claim(&claim, &class, "1Mi", json!({})).await?;
-                pods.create(&PostParams::default(), &pod(fx, &format!("app-{i}"), &claim)?)
+                pods.create(&PostParams::default(), &app_pod(fx, &format!("app-{i}"), &claim, None)?)
                     .await?;
             }
 
@@ -172,7 +154,7 @@ async fn the_scheduler_places_a_claim_only_where_capacity_is_published() {
                 fx.claim(&claim, &class, "1Gi", json!({})).await?;
                 pods.create(
                     &PostParams::default(),
-                    &pod(fx, &format!("app-{i}"), &claim)?,
+                    &app_pod(fx, &format!("app-{i}"), &claim, None)?,
                 )
                 .await?;
             }
@@ -229,7 +211,7 @@ async fn hostpath_refuses_a_volume_for_another_node_than_its_own() {
             for (i, node) in nodes.iter().enumerate() {
                 let claim = format!("data-{i}");
                 fx.claim(&claim, &class, "1Mi", json!({})).await?;
-                let mut pod = pod(fx, &format!("app-{i}"), &claim)?;
+                let mut pod = app_pod(fx, &format!("app-{i}"), &claim, None)?;
                 if let Some(selector) = pod.spec.as_mut().and_then(|s| s.node_selector.as_mut()) {
                     selector.insert("kubernetes.io/hostname".into(), node.clone());
                 }

@@ -21,13 +21,13 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use wasm_provisioner_tests::fixture::{Fixture, SCENARIO_LABEL};
+use wasm_provisioner_tests::fixture::Fixture;
 use wasm_provisioner_tests::host::{Host, HostConfig};
 use wasm_provisioner_tests::metrics::{
     Requests, Watches, host_requests, host_watches, is_write, parse_samples, settled_requests,
 };
 use wasm_provisioner_tests::nodes::{
-    INSTANCE_LABEL, TestNode, controller_flags, hostpath_grants, test_nodes,
+    INSTANCE_LABEL, TestNode, app_pod, controller_flags, hostpath_grants, test_nodes,
 };
 
 #[derive(Parser, Debug)]
@@ -368,16 +368,7 @@ async fn create(fx: &Fixture, class: &str, n: usize) -> anyhow::Result<()> {
             async move {
                 let claim = format!("data-{i}");
                 fx.claim(&claim, class, "1Mi", json!({})).await?;
-                let pod: Pod = serde_json::from_value(json!({
-                    "metadata": { "name": format!("app-{i}") },
-                    "spec": {
-                        "nodeSelector": { SCENARIO_LABEL: fx.ctx.namespace },
-                        "automountServiceAccountToken": false,
-                        "containers": [{ "name": "app", "image": "registry.k8s.io/pause:3.10",
-                            "volumeMounts": [{ "name": "data", "mountPath": "/data" }] }],
-                        "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }],
-                    },
-                }))?;
+                let pod = app_pod(fx, &format!("app-{i}"), &claim, None)?;
                 pods.create(&PostParams::default(), &pod).await?;
                 anyhow::Ok(())
             }
