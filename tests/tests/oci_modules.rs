@@ -15,7 +15,7 @@ use wasm_provisioner_tests::cluster::wait_for;
 use wasm_provisioner_tests::fixture::{Fixture, TEST_VOLUME_GRANTS, WAIT};
 use wasm_provisioner_tests::guests;
 use wasm_provisioner_tests::host::Host;
-use wasm_provisioner_tests::registry::Registry;
+use wasm_provisioner_tests::registry::{Registry, TamperingMirror};
 
 /// Two versions of one module that both serve the same classes: the last 0.1 contract
 /// build of hostpath, and the current one.
@@ -30,18 +30,21 @@ fn sha256_of(path: &Path) -> String {
     hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
 }
 
-/// The grants file: the registry (plain http), and per module its grants and `source`
-/// (YAML lines under `source:`).
+/// The grants file: the registries (YAML entries), and per module its grants and
+/// `source` (YAML lines under `source:`).
 fn write_grants(
     fx: &Fixture,
-    registry: &Registry,
+    registries: &[String],
     modules: &[(&str, String)],
 ) -> anyhow::Result<()> {
     let mut text = format!(
-        "allow:\n  directories: [{}]\nregistries:\n  - {{ host: \"{}\", insecure: true }}\nmodules:\n",
-        fx.data.display(),
-        registry.host()
+        "allow:\n  directories: [{}]\nregistries:\n",
+        fx.data.display()
     );
+    for registry in registries {
+        text.push_str(&format!("  - {registry}\n"));
+    }
+    text.push_str("modules:\n");
     for (module, source) in modules {
         let dir = fx.data.join(module);
         std::fs::create_dir_all(&dir)?;
@@ -110,7 +113,10 @@ async fn pulled_by_digest_and_tag_retag_reloads_restart_hits_the_store() -> anyh
     registry.tag("wp/hostpath", &v1, "stable")?;
     write_grants(
         &fx,
-        &registry,
+        &[format!(
+            "{{ host: \"{}\", insecure: true }}",
+            registry.host()
+        )],
         &[
             ("tagged", oci(&registry, "wp/hostpath:stable")),
             ("pinned", oci(&registry, &format!("wp/hostpath@{v2}"))),
@@ -204,10 +210,20 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
         .unwrap()
         .to_string();
 
+    // Every pull goes through a mirror that serves what the registry does, except the
+    // blobs the test has it tamper with.
+    let mirror = TamperingMirror::start(&registry)?;
     let signatures = format!("      signatures: {{ allOf: [{{ publicKey: {release_pub} }}] }}\n");
     write_grants(
         &fx,
-        &registry,
+        &[
+            format!(
+                "{{ host: \"{}\", insecure: true, mirror: \"{}\" }}",
+                registry.host(),
+                mirror.host()
+            ),
+            format!("{{ host: \"{}\", insecure: true }}", mirror.host()),
+        ],
         &[
             ("signed", oci(&registry, "wp/signed:stable") + &signatures),
             (
@@ -279,8 +295,7 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
     wait_pulls(&host, "signed", "bad_signature", 1.0).await?;
     last_good_serves(&fx, &host, "after-wrong-key").await?;
 
-    // Signed by the right key, but its bytes changed in the registry afterwards (bytes
-    // of their own: the registry stores each blob once, by digest).
+    // Signed by the right key, but its bytes changed on the way (by the mirror).
     let tampered = registry.push_wasm("wp/signed", "tampered", &guests::module("minimal"))?;
     registry.sign("wp/signed", &tampered, &release)?;
     let tampered_layer =
@@ -288,7 +303,7 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
             .as_str()
             .unwrap()
             .to_string();
-    registry.tamper_blob(&tampered_layer)?;
+    mirror.tamper(&tampered_layer);
     registry.tag("wp/signed", &tampered, "stable")?;
     wait_pulls(&host, "signed", "digest_mismatch", 1.0).await?;
     last_good_serves(&fx, &host, "after-tampering").await?;
