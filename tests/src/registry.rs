@@ -177,6 +177,17 @@ impl Registry {
         Ok(())
     }
 
+    /// Copies `REPOSITORY@DIGEST` or `REPOSITORY:TAG` with what it references into the
+    /// OCI image layout `layout` as `tag`, as an admin fills an air-gapped cluster's
+    /// module store (`oras cp --to-oci-layout`).
+    pub fn copy_to_layout(&self, reference: &str, layout: &Path, tag: &str) -> anyhow::Result<()> {
+        run(Command::new(tool("oras"))
+            .args(["cp", "--from-plain-http", "--no-tty", "--to-oci-layout"])
+            .arg(format!("{}/{reference}", self.host()))
+            .arg(format!("{}:{tag}", layout.display())))?;
+        Ok(())
+    }
+
     /// The manifest `REPOSITORY@DIGEST` or `REPOSITORY:TAG` as the registry serves it.
     pub fn manifest(&self, reference: &str) -> anyhow::Result<serde_json::Value> {
         let out = run(Command::new(tool("crane"))

@@ -321,3 +321,53 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
     fx.cleanup().await;
     Ok(())
 }
+
+/// Air-gapped: the module store filled beforehand with `oras cp --to-oci-layout` (the
+/// module by digest and its cosign signature), no registry at all: the module is
+/// verified and served from the store alone.
+#[tokio::test]
+async fn an_air_gapped_store_filled_by_oras_serves_a_signed_module() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("oci-air-gapped").await?;
+    let mut registry = Registry::start()?;
+    let release = SigningScheme::default().create_signer().unwrap();
+    let release_pub = public_key(&fx.root, "release.pub", &release);
+    let digest = registry.push_wasm("wp/hostpath", "v1", &old_hostpath())?;
+    registry.sign("wp/hostpath", &digest, &release)?;
+    let store = fx.root.join("store");
+    let hex = digest.trim_start_matches("sha256:");
+    registry.copy_to_layout(&format!("wp/hostpath@{digest}"), &store, "v1")?;
+    let signature_tag = format!("sha256-{hex}.sig");
+    registry.copy_to_layout(
+        &format!("wp/hostpath:{signature_tag}"),
+        &store,
+        &signature_tag,
+    )?;
+    let host_name = registry.host();
+    registry.stop();
+
+    write_grants(
+        &fx,
+        &[format!("{{ host: \"{host_name}\", insecure: true }}")],
+        &[(
+            "hostpath",
+            format!("      oci: \"{host_name}/wp/hostpath@{digest}\"\n")
+                + &format!("      signatures: {{ allOf: [{{ publicKey: {release_pub} }}] }}\n"),
+        )],
+    )?;
+    let flags = [format!("--module-store={}", store.display())];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let host = fx.host(&flags);
+    let class = fx.class("hostpath", &[NODE_PATH], json!({})).await?;
+    fx.claim("offline", &class, "1Mi", json!({})).await?;
+    fx.wait_bound("offline").await?;
+    wait_serving(&host, "hostpath", &sha256_of(&old_hostpath())).await?;
+    assert_eq!(
+        pulls(&host, "hostpath", "store_hit"),
+        1.0,
+        "{}",
+        host.log_tail()
+    );
+    assert_eq!(pulls(&host, "hostpath", "pulled"), 0.0);
+    fx.cleanup().await;
+    Ok(())
+}
