@@ -158,9 +158,16 @@ async fn pulled_by_digest_and_tag_retag_reloads_restart_hits_the_store() -> anyh
     assert_eq!(pulls(&host, "pinned", "unchanged"), 0.0);
     assert!(pulls(&host, "tagged", "unchanged") >= 1.0);
 
+    // The registry goes down: the tag's poll fails (after its retries), the version in
+    // service keeps serving.
+    registry.stop();
+    wait_pulls(&host, "tagged", "registry_error", 1.0).await?;
+    assert!(serving(&host, "tagged", &sha256_of(&new_hostpath())));
+    fx.claim("registry-down", &tagged, "1Mi", json!({})).await?;
+    fx.wait_bound("registry-down").await?;
+
     // A restart with the registry down: both served from the store.
     host.terminate(Duration::from_secs(30))?;
-    registry.stop();
     let host = fx.host(&flags);
     wait_pulls(&host, "pinned", "store_hit", 1.0).await?;
     wait_pulls(&host, "tagged", "store_hit", 1.0).await?;
