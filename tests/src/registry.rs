@@ -358,3 +358,143 @@ fn serve_one(
     client.write_all(&answer)?;
     Ok(())
 }
+
+/// An HTTPS front for a [`Registry`]: TLS with a certificate for 127.0.0.1 from a CA of
+/// its own (as a private registry's), and HTTP basic authentication when given
+/// credentials (as a registry behind a pull secret); every request is passed on to the
+/// registry. One thread per connection, one request per connection.
+pub struct TlsFront {
+    port: u16,
+    ca_pem: String,
+}
+
+impl TlsFront {
+    /// Starts the front; `credentials` (user, password) are then required.
+    pub fn start(
+        registry: &Registry,
+        credentials: Option<(&str, &str)>,
+    ) -> anyhow::Result<TlsFront> {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::default();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate()?;
+        let cert =
+            CertificateParams::new(vec!["127.0.0.1".to_string()])?.signed_by(&key, &issuer)?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = std::sync::Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()?
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![cert.der().clone()],
+                    rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+                )?,
+        );
+        let expected = credentials.map(|(user, password)| {
+            use base64::Engine as _;
+            format!(
+                "basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+            )
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let upstream = registry.port;
+        std::thread::spawn(move || {
+            for tcp in listener.incoming().flatten() {
+                let config = config.clone();
+                let expected = expected.clone();
+                std::thread::spawn(move || {
+                    let Ok(connection) = rustls::ServerConnection::new(config) else {
+                        return;
+                    };
+                    let mut tls = rustls::StreamOwned::new(connection, tcp);
+                    let _ = forward(&mut tls, upstream, &|head: &[String]| {
+                        let expected = expected.as_ref()?;
+                        let authorized = head.iter().any(|line| {
+                            line.to_ascii_lowercase()
+                                .strip_prefix("authorization:")
+                                .is_some_and(|value| value.trim() == expected.to_ascii_lowercase())
+                        });
+                        (!authorized).then(|| {
+                            b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"registry\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()
+                        })
+                    });
+                    tls.conn.send_close_notify();
+                    let _ = std::io::Write::flush(&mut tls);
+                });
+            }
+        });
+        Ok(TlsFront {
+            port,
+            ca_pem: ca_cert.pem(),
+        })
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The CA that signed its certificate (PEM), for the grants file's `caFile`.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+}
+
+/// Reads one request from `client`; answers it with `intercept`'s bytes when it gives
+/// some, else passes it on to the registry on `upstream` (as HTTP/1.0, so the registry
+/// closes after its answer) and copies the answer back.
+fn forward(
+    client: &mut (impl std::io::Read + std::io::Write),
+    upstream: u16,
+    intercept: &dyn Fn(&[String]) -> Option<Vec<u8>>,
+) -> std::io::Result<()> {
+    use std::io::{Read as _, Write as _};
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        if client.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        raw.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let head: Vec<String> = text
+        .split_inclusive("\r\n")
+        .map(str::to_string)
+        .filter(|line| line != "\r\n")
+        .collect();
+    if let Some(answer) = intercept(&head) {
+        client.write_all(&answer)?;
+        return client.flush();
+    }
+    let mut registry = std::net::TcpStream::connect(("127.0.0.1", upstream))?;
+    let mut forwarded = head[0].replacen("HTTP/1.1", "HTTP/1.0", 1);
+    let mut content_length = 0usize;
+    for line in &head[1..] {
+        let lower = line.to_ascii_lowercase();
+        if lower.starts_with("host:") {
+            forwarded.push_str(&format!("Host: 127.0.0.1:{upstream}\r\n"));
+        } else if lower.starts_with("connection:") || lower.starts_with("authorization:") {
+            continue;
+        } else {
+            if let Some(value) = lower.strip_prefix("content-length:") {
+                content_length = value.trim().parse().unwrap_or(0);
+            }
+            forwarded.push_str(line);
+        }
+    }
+    forwarded.push_str("Connection: close\r\n\r\n");
+    registry.write_all(forwarded.as_bytes())?;
+    let mut body = vec![0u8; content_length];
+    client.read_exact(&mut body)?;
+    registry.write_all(&body)?;
+    let mut answer = Vec::new();
+    registry.read_to_end(&mut answer)?;
+    client.write_all(&answer)?;
+    client.flush()
+}

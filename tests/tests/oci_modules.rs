@@ -15,7 +15,7 @@ use wasm_provisioner_tests::cluster::wait_for;
 use wasm_provisioner_tests::fixture::{Fixture, TEST_VOLUME_GRANTS, WAIT};
 use wasm_provisioner_tests::guests;
 use wasm_provisioner_tests::host::Host;
-use wasm_provisioner_tests::registry::{Registry, TamperingMirror};
+use wasm_provisioner_tests::registry::{Registry, TamperingMirror, TlsFront};
 
 /// Two versions of one module that both serve the same classes: the last 0.1 contract
 /// build of hostpath, and the current one.
@@ -375,6 +375,81 @@ async fn an_air_gapped_store_filled_by_oras_serves_a_signed_module() -> anyhow::
         host.log_tail()
     );
     assert_eq!(pulls(&host, "hostpath", "pulled"), 0.0);
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// A private registry: HTTPS with a certificate from the admin's CA (`caFile`) and basic
+/// authentication from a mounted `.dockerconfigjson` (`pullSecret`). Credentials the
+/// registry refuses fail the pull (and its claims), naming the registry's answer.
+#[tokio::test]
+async fn a_private_registry_over_https_with_a_pull_secret() -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let mut fx = Fixture::new("oci-private").await?;
+    let registry = Registry::start()?;
+    let digest = registry.push_wasm("wp/hostpath", "v1", &old_hostpath())?;
+    // Another artifact: the store is keyed by digest alone, so the same digest pulled
+    // for `hostpath` would serve `denied` too, with no registry asked.
+    let other = registry.push_wasm("wp/other", "v1", &new_hostpath())?;
+    let private = TlsFront::start(&registry, Some(("robot", "s3cret")))?;
+    let strict = TlsFront::start(&registry, Some(("robot", "another")))?;
+    let ca = fx.root.join("ca.crt");
+    std::fs::write(&ca, format!("{}{}", private.ca_pem(), strict.ca_pem()))?;
+    let secret = fx.root.join(".dockerconfigjson");
+    let auth = base64::engine::general_purpose::STANDARD.encode("robot:s3cret");
+    std::fs::write(
+        &secret,
+        json!({ "auths": {
+            private.host(): { "auth": auth },
+            strict.host(): { "auth": auth },
+        }})
+        .to_string(),
+    )?;
+    let entry = |host: String| {
+        format!(
+            "{{ host: \"{host}\", caFile: {}, pullSecret: {} }}",
+            ca.display(),
+            secret.display()
+        )
+    };
+    write_grants(
+        &fx,
+        &[entry(private.host()), entry(strict.host())],
+        &[
+            (
+                "hostpath",
+                format!("      oci: \"{}/wp/hostpath@{digest}\"\n", private.host()),
+            ),
+            (
+                "denied",
+                format!("      oci: \"{}/wp/other@{other}\"\n", strict.host()),
+            ),
+        ],
+    )?;
+    let flags = [
+        format!("--module-store={}", fx.root.join("store").display()),
+        "--module-poll-interval=1s".to_string(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let host = fx.host(&flags);
+    let class = fx.class("hostpath", &[NODE_PATH], json!({})).await?;
+    fx.claim("private", &class, "1Mi", json!({})).await?;
+    fx.wait_bound("private").await?;
+    assert_eq!(
+        pulls(&host, "hostpath", "pulled"),
+        1.0,
+        "{}",
+        host.log_tail()
+    );
+    wait_pulls(&host, "denied", "registry_error", 1.0).await?;
+    let denied = fx.class("denied", &[NODE_PATH], json!({})).await?;
+    fx.claim("denied", &denied, "1Mi", json!({})).await?;
+    let note = fx
+        .wait_claim_event("denied", "ProvisioningFailed")
+        .await
+        .map_err(|error| anyhow::anyhow!("{error}\nhost log:\n{}", host.log_tail()))?;
+    assert!(note.contains(&strict.host()), "{note}");
+    assert!(note.contains("Not authorized: url https://"), "{note}");
     fx.cleanup().await;
     Ok(())
 }
