@@ -147,7 +147,8 @@ spec:
       volumeMounts:
         - name: modules
           mountPath: /etc/wasm-provisioner/modules
-          readOnly: true
+          # modules.source=oci: the host keeps the modules it pulled here.
+          readOnly: {{ ne $source "oci" }}
           {{- if and (eq $source "image") $.Values.modules.image.subPath }}
           subPath: {{ $.Values.modules.image.subPath }}
           {{- end }}
@@ -159,6 +160,9 @@ spec:
         {{- if $node }}
         # --token-file's default: /var/run/secrets/wasm-provisioner/token.
         - { name: token, mountPath: /var/run/secrets/wasm-provisioner, readOnly: true }
+        {{- end }}
+        {{- with $.Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
   volumes:
     - name: modules
@@ -193,6 +197,9 @@ spec:
               expirationSeconds: 3600
               path: token
     {{- end }}
+    {{- with $.Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- with (ternary $instances.nodeSelector $.Values.nodeSelector $node) }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -204,5 +211,15 @@ spec:
   {{- with (ternary $instances.affinity $.Values.affinity $node) }}
   affinity:
     {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if and (not $node) $.Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- range $.Values.topologySpreadConstraints }}
+    {{- $constraint := deepCopy . }}
+    {{- if not $constraint.labelSelector }}
+    {{- $_ := set $constraint "labelSelector" (dict "matchLabels" (include "wasm-provisioner.selectorLabels" $ | fromYaml)) }}
+    {{- end }}
+    - {{ toYaml $constraint | nindent 6 | trim }}
+    {{- end }}
   {{- end }}
 {{- end -}}
