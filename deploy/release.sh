@@ -164,7 +164,7 @@ if [ ! -x "$cyclonedx_root/bin/cargo-cyclonedx" ]; then
 fi
 # One SBOM per platform (the host crate's normal dependencies for that target; build
 # dependencies left out: they are not in the image), each attached to its platform's
-# image manifest. cargo-cyclonedx writes beside each Cargo.toml of the workspace.
+# image manifest.
 sboms=()
 for arch in amd64 arm64; do
   case $arch in amd64) target=x86_64-unknown-linux-gnu digest=$amd64_digest ;; arm64) target=aarch64-unknown-linux-gnu digest=$arm64_digest ;; esac
@@ -172,7 +172,8 @@ for arch in amd64 arm64; do
   PATH="$cyclonedx_root/bin:$PATH" cargo cyclonedx -q --manifest-path host/Cargo.toml --format json \
     --spec-version 1.5 --no-build-deps --target "$target" --override-filename "sbom.$$" >/dev/null
   mv "host/sbom.$$.json" "$out/$sbom"
-  rm -f host/*/sbom.$$.json
+  # (and beside every other workspace member's: only the host's is the image's)
+  find . -maxdepth 3 -name "sbom.$$.json" -not -path './target/*' -delete
   (cd "$out" && "$oras" attach "${oras_flags[@]}" --no-tty --artifact-type application/vnd.cyclonedx+json \
     "$image@$digest" "$sbom:application/vnd.cyclonedx+json") >"$work/oras.log" 2>&1 ||
     { cat "$work/oras.log" >&2; exit 1; }
