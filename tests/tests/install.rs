@@ -343,7 +343,7 @@ fn bad_chart_values_fail_with_a_clear_message() {
     let cases: [(&[&str], &str); 9] = [
         (
             &["--set", "modules.source=git"],
-            "modules.source must be oci, files, configMap, image or initContainer",
+            "modules.source must be oci, files, configMap, image, initContainer or volume",
         ),
         (
             &["--set", "modules.source=configMap"],

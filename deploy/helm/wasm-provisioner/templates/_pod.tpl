@@ -170,6 +170,8 @@ spec:
       configMap: { name: {{ $fullname }}-modules }
       {{- else if eq $source "configMap" }}
       configMap: { name: {{ $.Values.modules.configMap.name }} }
+      {{- else if eq $source "volume" }}
+      {{- toYaml $.Values.modules.volume | nindent 6 }}
       {{- else if eq $source "image" }}
       image:
         reference: {{ $.Values.modules.image.reference }}
