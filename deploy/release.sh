@@ -146,6 +146,7 @@ for module in hostpath nfs-subdir; do
     "$created" "$layer" >"$work/$module.config.json"
   (cd "$out/modules" && "$oras" push "${oras_flags[@]}" --no-tty \
     --config "$work/$module.config.json:application/vnd.wasm.config.v0+json" \
+    --annotation "org.opencontainers.image.created=$created" \
     --annotation "org.opencontainers.image.version=$version" \
     --annotation "org.opencontainers.image.source=https://github.com/wasm-provisioner/wasm-provisioner" \
     "$registry/modules/$module:$version" "$module.wasm:application/wasm") >"$work/oras.log" 2>&1 ||

@@ -247,6 +247,58 @@ fn check_modules(out: &Path, release: &Value) -> anyhow::Result<BTreeMap<String,
     Ok(modules)
 }
 
+/// The port-forward command the install's NOTES print: a Service the chart renders, its
+/// port, run in the background so the `curl` after it runs (a port-forward in the
+/// foreground never returns), and valid shell.
+fn check_notes(
+    package: &Path,
+    release: &str,
+    namespace: &str,
+    objects: &[Value],
+) -> anyhow::Result<()> {
+    let printed = run(Command::new(tool("helm"))
+        .args(["install", release])
+        .arg(package)
+        .args(["--dry-run=client", "--namespace", namespace]))?;
+    let notes = printed
+        .split_once("NOTES:")
+        .context("helm install --dry-run printed no NOTES")?
+        .1;
+    let line = notes
+        .lines()
+        .find(|l| l.contains("port-forward"))
+        .with_context(|| format!("the NOTES have no port-forward command:\n{notes}"))?
+        .trim();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == "port-forward")
+        .context("port-forward")?;
+    let (target, ports) = (words[at + 1], words[at + 2]);
+    let service = target
+        .strip_prefix("svc/")
+        .with_context(|| format!("the NOTES forward {target}, not the metrics Service"))?;
+    let (local, remote) = ports.split_once(':').context("LOCAL:REMOTE")?;
+    let rendered = of_kind(objects, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == service)
+        .with_context(|| format!("the NOTES forward {target}, which the chart does not render"))?;
+    ensure!(
+        rendered["spec"]["ports"][0]["port"].to_string() == remote,
+        "the NOTES forward port {remote}, {service} serves {}",
+        rendered["spec"]["ports"][0]["port"]
+    );
+    ensure!(
+        line.contains(&format!("curl -s localhost:{local}/metrics"))
+            && words[at + 3] == ">/dev/null"
+            && words[at + 4] == "&",
+        "the NOTES' port-forward must run in the background before the curl: {line}"
+    );
+    run(Command::new("bash").args(["-n", "-c", line]))
+        .with_context(|| format!("the NOTES' command is not valid shell: {line}"))?;
+    Ok(())
+}
+
 fn cosign(args: &[&str]) -> Command {
     let mut command = Command::new(tool("cosign"));
     command.args(args);
@@ -302,7 +354,7 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     let key = key.to_str().unwrap();
     let sums = out.join("SHA256SUMS");
     let signature = out.join("SHA256SUMS.sig");
-    run(cosign(&[
+    run(&mut cosign(&[
         "verify-blob",
         "--key",
         key,
@@ -336,7 +388,7 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
         signed.push(module.as_str().context("module")?.to_string());
     }
     for reference in &signed {
-        run(cosign(&[
+        run(&mut cosign(&[
             "verify",
             "--key",
             key,
@@ -449,6 +501,7 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
         grants["registries"]
     );
     eprintln!("the chart from oci://{}/charts names the image and both modules by digest", registry.host);
+    check_notes(&package, &release_name, &ctx.namespace, &pulled)?;
 
     // Run it. The image from the registry, as kubelet would run it; the chart from its
     // package. The modules: the registry's bytes in a ConfigMap made server-side, as
