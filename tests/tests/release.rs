@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 use wasm_provisioner_tests::cluster::{
@@ -102,7 +102,10 @@ fn check_checksums(out: &Path) -> anyhow::Result<usize> {
             .split_once("  ")
             .with_context(|| format!("SHA256SUMS line {line:?} is not `HASH  NAME`"))?;
         let actual = sha256_hex(&std::fs::read(out.join(name))?);
-        ensure!(actual == hash, "{name}: SHA256SUMS says {hash}, the file is {actual}");
+        ensure!(
+            actual == hash,
+            "{name}: SHA256SUMS says {hash}, the file is {actual}"
+        );
         listed.insert(name.to_string(), hash.to_string());
     }
     let mut files = Vec::new();
@@ -140,8 +143,12 @@ fn check_layout(out: &Path, release: &Value, dir: &Path) -> anyhow::Result<()> {
     let blob = |digest: &str| -> anyhow::Result<Value> {
         let hex = digest.strip_prefix("sha256:").context("a sha256 digest")?;
         let path = layout.join("blobs/sha256").join(hex);
-        let bytes = std::fs::read(&path).with_context(|| format!("the layout has no blob {digest}"))?;
-        ensure!(sha256_hex(&bytes) == hex, "blob {digest} does not hash to its name");
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("the layout has no blob {digest}"))?;
+        ensure!(
+            sha256_hex(&bytes) == hex,
+            "blob {digest} does not hash to its name"
+        );
         Ok(serde_json::from_slice(&bytes)?)
     };
     let top = read_json(&layout.join("index.json"))?;
@@ -150,7 +157,9 @@ fn check_layout(out: &Path, release: &Value, dir: &Path) -> anyhow::Result<()> {
     let entry = top["manifests"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["digest"] == digest))
-        .with_context(|| format!("the layout's index.json does not name the pushed index {digest}: {top}"))?;
+        .with_context(|| {
+            format!("the layout's index.json does not name the pushed index {digest}: {top}")
+        })?;
     ensure!(
         entry["mediaType"] == "application/vnd.oci.image.index.v1+json",
         "the layout's entry is not an OCI index: {entry}"
@@ -172,8 +181,11 @@ fn check_layout(out: &Path, release: &Value, dir: &Path) -> anyhow::Result<()> {
         let image = blob(manifest["digest"].as_str().context("digest")?)?;
         let config = blob(image["config"]["digest"].as_str().context("config")?)?;
         ensure!(
-            format!("{}/{}", config["os"].as_str().unwrap_or(""), config["architecture"].as_str().unwrap_or(""))
-                == platform,
+            format!(
+                "{}/{}",
+                config["os"].as_str().unwrap_or(""),
+                config["architecture"].as_str().unwrap_or("")
+            ) == platform,
             "the {platform} manifest's config says {}/{}",
             config["os"],
             config["architecture"]
@@ -211,8 +223,11 @@ fn check_modules(out: &Path, release: &Value) -> anyhow::Result<BTreeMap<String,
     let mut modules = BTreeMap::new();
     for (name, reference) in release["modules"].as_object().context("modules")? {
         let reference = reference.as_str().context("a reference")?;
-        let manifest: Value = serde_json::from_str(&run(Command::new(tool("crane"))
-            .args(["manifest", "--insecure", reference]))?)?;
+        let manifest: Value = serde_json::from_str(&run(Command::new(tool("crane")).args([
+            "manifest",
+            "--insecure",
+            reference,
+        ]))?)?;
         ensure!(
             manifest["config"]["mediaType"] == "application/vnd.wasm.config.v0+json",
             "{reference}: config {}",
@@ -233,17 +248,30 @@ fn check_modules(out: &Path, release: &Value) -> anyhow::Result<BTreeMap<String,
         let repository = reference.split_once('@').context("by digest")?.0;
         let output = Command::new(tool("crane"))
             .args(["blob", "--insecure"])
-            .arg(format!("{repository}@{}", layers[0]["digest"].as_str().unwrap_or("")))
+            .arg(format!(
+                "{repository}@{}",
+                layers[0]["digest"].as_str().unwrap_or("")
+            ))
             .output()?;
-        ensure!(output.status.success(), "crane blob {reference}: {output:?}");
-        ensure!(output.stdout == released, "{reference}: the pulled layer differs");
+        ensure!(
+            output.status.success(),
+            "crane blob {reference}: {output:?}"
+        );
+        ensure!(
+            output.stdout == released,
+            "{reference}: the pulled layer differs"
+        );
         ensure!(
             output.stdout.starts_with(b"\0asm"),
             "{reference}: the layer is not WebAssembly"
         );
         modules.insert(format!("{name}.wasm"), output.stdout);
     }
-    ensure!(modules.len() == 2, "release.json names {} modules, not 2", modules.len());
+    ensure!(
+        modules.len() == 2,
+        "release.json names {} modules, not 2",
+        modules.len()
+    );
     Ok(modules)
 }
 
@@ -315,7 +343,10 @@ async fn an_install_from_the_release_artifacts_alone_binds_a_claim() {
     let result = release_scenario(&ctx, dir.path()).await;
     if let Err(error) = &result {
         let kept = dir.keep();
-        panic!("{error:?}\n(the test's files are kept in {})", kept.display());
+        panic!(
+            "{error:?}\n(the test's files are kept in {})",
+            kept.display()
+        );
     }
     ctx.cleanup().await;
 }
@@ -381,7 +412,9 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     let chart_ref = format!(
         "{}/charts/wasm-provisioner@{}",
         registry.host,
-        release["chart"]["digest"].as_str().context("chart digest")?
+        release["chart"]["digest"]
+            .as_str()
+            .context("chart digest")?
     );
     let mut signed = vec![image.clone(), chart_ref];
     for module in release["modules"].as_object().context("modules")?.values() {
@@ -420,7 +453,10 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     ] {
         let path = arm64_root.join(needed);
         ensure!(path.is_file(), "the arm64 image has no /{needed}");
-        ensure!(elf_machine(&path)? == 183, "the arm64 image's /{needed} is not AArch64");
+        ensure!(
+            elf_machine(&path)? == 183,
+            "the arm64 image's /{needed} is not AArch64"
+        );
     }
 
     // The SBOMs, one per platform: CycloneDX, of the host, naming what it links.
@@ -457,9 +493,15 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     // The chart, from the registry: image and modules by digest, nothing built in.
     let package = out.join(release["chart"]["package"].as_str().context("package")?);
     let listing = run(Command::new("tar").arg("-tzf").arg(&package))?;
-    for file in ["values.schema.json", "README.md", "templates/networkpolicy.yaml"] {
+    for file in [
+        "values.schema.json",
+        "README.md",
+        "templates/networkpolicy.yaml",
+    ] {
         ensure!(
-            listing.lines().any(|l| l == format!("wasm-provisioner/{file}")),
+            listing
+                .lines()
+                .any(|l| l == format!("wasm-provisioner/{file}")),
             "the chart package has no {file}"
         );
     }
@@ -471,7 +513,13 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     let pulled = parse_documents(&run(Command::new(tool("helm"))
         .args(["template", &release_name])
         .arg(format!("oci://{}/charts/wasm-provisioner", registry.host))
-        .args(["--version", &version, "--plain-http", "--namespace", &ctx.namespace])
+        .args([
+            "--version",
+            &version,
+            "--plain-http",
+            "--namespace",
+            &ctx.namespace,
+        ])
         .arg(format!(
             "--kube-version={}",
             wasm_provisioner_tests::cluster::pinned_kubernetes_version()
@@ -484,10 +532,18 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     );
     let grants_map = of_kind(&pulled, "ConfigMap")
         .into_iter()
-        .find(|c| c["metadata"]["name"].as_str().unwrap_or("").ends_with("-grants"))
+        .find(|c| {
+            c["metadata"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .ends_with("-grants")
+        })
         .context("a grants ConfigMap")?;
-    let grants: Value =
-        serde_yaml::from_str(grants_map["data"]["grants.yaml"].as_str().context("grants.yaml")?)?;
+    let grants: Value = serde_yaml::from_str(
+        grants_map["data"]["grants.yaml"]
+            .as_str()
+            .context("grants.yaml")?,
+    )?;
     for (name, reference) in release["modules"].as_object().context("modules")? {
         ensure!(
             grants["modules"][name]["source"]["oci"] == *reference,
@@ -500,7 +556,10 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
         "the released chart's grants have no entry for the registry: {}",
         grants["registries"]
     );
-    eprintln!("the chart from oci://{}/charts names the image and both modules by digest", registry.host);
+    eprintln!(
+        "the chart from oci://{}/charts names the image and both modules by digest",
+        registry.host
+    );
     check_notes(&package, &release_name, &ctx.namespace, &pulled)?;
 
     // Run it. The image from the registry, as kubelet would run it; the chart from its
@@ -627,7 +686,10 @@ async fn run_released(
             cluster: &cluster,
             token: Some(&token),
             dir: &pod_dir,
-            pod_name: &format!("{}-0", deployment["metadata"]["name"].as_str().unwrap_or("wp")),
+            pod_name: &format!(
+                "{}-0",
+                deployment["metadata"]["name"].as_str().unwrap_or("wp")
+            ),
             node_name: node,
             host_path_subdirs: &["hostpath", "nfs"],
             network: None,
@@ -685,11 +747,7 @@ async fn bind_and_delete(
     claims.delete("released", &DeleteParams::default()).await?;
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     wait_for(&format!("PV {volume} deleted"), WAIT, || async {
-        Ok(volumes
-            .get_opt(&volume)
-            .await?
-            .is_none()
-            .then_some(()))
+        Ok(volumes.get_opt(&volume).await?.is_none().then_some(()))
     })
     .await?;
     ensure!(!made.exists(), "{} outlived its volume", made.display());
