@@ -254,5 +254,6 @@ EOF
   xargs sha256sum >SHA256SUMS)
 "$cosign" sign-blob --yes --key "$key" --tlog-upload=false --output-signature "$out/SHA256SUMS.sig" \
   "$out/SHA256SUMS" >"$work/cosign.log" 2>&1 || { cat "$work/cosign.log" >&2; exit 1; }
+chmod 0644 "$out/SHA256SUMS.sig"
 say "done: $(wc -l <"$out/SHA256SUMS") files in $out/SHA256SUMS, signed (SHA256SUMS.sig, cosign.pub)"
 echo "$out"

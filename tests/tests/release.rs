@@ -312,7 +312,7 @@ fn check_notes(
         .find(|s| s["metadata"]["name"] == service)
         .with_context(|| format!("the NOTES forward {target}, which the chart does not render"))?;
     ensure!(
-        rendered["spec"]["ports"][0]["port"].to_string() == remote,
+        remote.parse::<u64>().ok() == rendered["spec"]["ports"][0]["port"].as_u64(),
         "the NOTES forward port {remote}, {service} serves {}",
         rendered["spec"]["ports"][0]["port"]
     );
