@@ -212,7 +212,10 @@ fn pull_platform(
     run(Command::new(tool("crane"))
         .args(["pull", "--insecure", "--platform", platform, reference])
         .arg(&tarball))?;
-    let image = read_image(&tarball, dir)?;
+    let mut image = read_image(&tarball, dir)?;
+    // Pulled by digest, the tarball's tag is crane's placeholder; the reference it was
+    // pulled by is the name a container runtime knows it by.
+    image.tags.push(reference.to_string());
     let rootfs = dir.join("rootfs");
     wasm_provisioner_tests::install::unpack_rootfs(&image, &rootfs)?;
     Ok((image, rootfs))
@@ -294,14 +297,14 @@ fn check_notes(
         .1;
     let line = notes
         .lines()
-        .find(|l| l.contains("port-forward"))
+        .find(|l| l.contains("kubectl") && l.contains(" port-forward "))
         .with_context(|| format!("the NOTES have no port-forward command:\n{notes}"))?
         .trim();
     let words: Vec<&str> = line.split_whitespace().collect();
     let at = words
         .iter()
         .position(|w| *w == "port-forward")
-        .context("port-forward")?;
+        .with_context(|| format!("no port-forward word in {line:?}"))?;
     let (target, ports) = (words[at + 1], words[at + 2]);
     let service = target
         .strip_prefix("svc/")
