@@ -71,6 +71,11 @@ impl RuntimeCollector {
                     .into_iter()
                     .cloned(),
             )
+            .chain(
+                prometheus::core::Collector::desc(&module_pulls(&runtime))
+                    .into_iter()
+                    .cloned(),
+            )
             .chain(compile_counters(&runtime).iter().flat_map(|counter| {
                 prometheus::core::Collector::desc(counter)
                     .into_iter()
@@ -126,6 +131,9 @@ impl prometheus::core::Collector for RuntimeCollector {
             .chain(prometheus::core::Collector::collect(
                 &compile_limit_refusals(&self.runtime),
             ))
+            .chain(prometheus::core::Collector::collect(&module_pulls(
+                &self.runtime,
+            )))
             .chain(
                 compile_counters(&self.runtime)
                     .iter()
@@ -184,6 +192,26 @@ fn compile_limit_refusals(runtime: &Runtime) -> IntCounterVec {
         for (limit, value) in counters.compile_limit_refusals_total {
             family
                 .with_label_values(&[module.as_str(), limit])
+                .inc_by(value);
+        }
+    }
+    family
+}
+
+/// Pulls of the modules' OCI sources, by module and outcome.
+fn module_pulls(runtime: &Runtime) -> IntCounterVec {
+    let family = IntCounterVec::new(
+        Opts::new(
+            "wasm_provisioner_module_pulls_total",
+            "Pulls of modules' OCI sources (docs/modules.md), by module and outcome: pulled (downloaded), store_hit (all from the module store), unchanged (a tag polled, same digest), and the refusals registry_error, digest_mismatch, too_large, not_a_module, unsigned, bad_signature (each also in wasm_provisioner_module_refusals_total)",
+        ),
+        &["module", "outcome"],
+    )
+    .expect("valid counter");
+    for (module, counters) in runtime.metrics().snapshot() {
+        for (outcome, value) in counters.pulls_total {
+            family
+                .with_label_values(&[module.as_str(), outcome])
                 .inc_by(value);
         }
     }

@@ -17,6 +17,8 @@
 //!   API server's), for the tests and the load benchmark (`bench/`).
 //! - [`promql`]: the alert rules' and the dashboard's PromQL checked against the
 //!   metrics a real host exports.
+//! - [`registry`]: a local OCI registry (`crane registry serve`), modules pushed to it
+//!   as wasm OCI artifacts with `oras`.
 
 pub mod access;
 pub mod bomb;
@@ -30,3 +32,4 @@ pub mod kubelet;
 pub mod metrics;
 pub mod nodes;
 pub mod promql;
+pub mod registry;

@@ -255,6 +255,17 @@ pub enum LoadError {
         version: String,
         reason: String,
     },
+    /// Its OCI source could not be pulled, or what was pulled is not to be run (not a
+    /// wasm artifact, too large, bytes not matching their digest, signatures missing or
+    /// not by the keys the grants file names).
+    #[error("module {module}: {reference} refused: {cause}")]
+    Pull {
+        module: String,
+        reference: String,
+        /// The `wasm_provisioner_module_pulls_total` outcome.
+        outcome: &'static str,
+        cause: String,
+    },
     #[error("module {module} (version sha256:{version}) refused: {error}")]
     PoolShare {
         module: String,
@@ -276,6 +287,7 @@ impl LoadError {
             LoadError::InvalidName { .. } => "invalid_name",
             LoadError::PoolShare { .. } => "pool_share",
             LoadError::HeldBack { .. } => "held_back",
+            LoadError::Pull { .. } => "pull",
         }
     }
 }
@@ -292,6 +304,7 @@ impl LoadError {
             | LoadError::Describe { module, .. }
             | LoadError::InvalidName { module, .. }
             | LoadError::HeldBack { module, .. }
+            | LoadError::Pull { module, .. }
             | LoadError::PoolShare { module, .. } => module,
         }
     }
@@ -339,8 +352,8 @@ pub enum ResolveError {
     /// The module's file is there but its version was refused, and no earlier version
     /// serves.
     #[error(
-        "module {module} is not in service: {refusal}; fix the module file, or the limit the \
-         refusal names"
+        "module {module} is not in service: {refusal}; fix the module (its file, or its OCI \
+         artifact and signatures), or the limit the refusal names"
     )]
     Refused { module: String, refusal: String },
     #[error(

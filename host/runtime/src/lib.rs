@@ -8,6 +8,8 @@
 //!   under the module's [`Limits`] and fails alone with a [`CallError`].
 //! - [`grants`] reads the admin's grants file: directories, outbound HTTP, limits.
 //! - [`reload`] watches the modules directory (ConfigMap-style symlink swaps included).
+//! - [`source`] pulls modules the grants file names as OCI artifacts (by digest or tag),
+//!   keeps them in a content-addressed store and checks their cosign signatures.
 //! - [`cache`] keeps precompiled components on disk; [`compile`] compiles a module in
 //!   a child process bounded in time and memory.
 //! - [`pool`] bounds each module's share of the shared instance pool.
@@ -35,6 +37,7 @@ mod publish;
 pub mod reload;
 mod runtime;
 mod sandbox;
+pub mod source;
 
 pub use compile::{CompileFailure, CompilerConfig};
 pub use error::{Call, CallError, CallTarget, LoadError, ResolveError};
@@ -49,6 +52,7 @@ pub use module_file::DEFAULT_MAX_MODULE_BYTES;
 pub use publish::{Unpublishable, check_publishable, publishable_volume, volume_to_publish};
 pub use reload::{DirectoryWatcher, ReloadError, SyncReport};
 pub use runtime::{LoadOutcome, Runtime, RuntimeConfig, RuntimeError, VersionGate, class_pin};
+pub use source::{SourceConfig, SourceWatcher};
 
 /// Most characters of a module name.
 pub const MAX_MODULE_NAME: usize = 63;

@@ -29,6 +29,10 @@ pub struct ModuleCounters {
     /// filesystem): each holds a thread, an instance and one of the module's
     /// `maxConcurrentCalls` until the system call returns. A gauge.
     pub calls_stuck: u64,
+    /// Pulls of its OCI source, by outcome (`pulled`, `store_hit`, `unchanged`,
+    /// `registry_error`, `digest_mismatch`, `too_large`, `not_a_module`, `unsigned`,
+    /// `bad_signature`).
+    pub pulls_total: BTreeMap<&'static str, u64>,
 }
 
 /// The runtime's counters.
@@ -133,6 +137,10 @@ impl Metrics {
     /// A stuck call's thread has returned.
     pub(crate) fn record_stuck_call_ended(&self, module: &str) {
         self.update(module, |c| c.calls_stuck = c.calls_stuck.saturating_sub(1));
+    }
+
+    pub(crate) fn record_pull(&self, module: &str, outcome: &'static str) {
+        self.update(module, |c| *c.pulls_total.entry(outcome).or_default() += 1);
     }
 
     pub(crate) fn record_log_dropped(&self, module: &str, bytes: u64) {

@@ -15,6 +15,10 @@
 //! before reacting to the next change: a module that is slow to compile (up to
 //! `--compile-timeout`) holds up only itself. A scan skips a module whose load is still
 //! under way, and scans again once it ends, so a newer file is never missed.
+//!
+//! A module the grants file gives an OCI source (`source.oci`) is not the directory's:
+//! the source watcher (`source/`) loads it, a file of its name here is ignored (with a
+//! warning), and its absence here removes nothing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -124,10 +128,22 @@ impl Runtime {
     /// service, and marks every listed module as loading, so that from now until its
     /// load ends a claim of it waits rather than failing.
     pub fn begin_scan(&self, dir: &Path) -> Result<Scan, ReloadError> {
-        let (files, ignored) = module_files(dir).map_err(|source| ReloadError::List {
+        let (mut files, mut ignored) = module_files(dir).map_err(|source| ReloadError::List {
             dir: dir.to_path_buf(),
             source,
         })?;
+        files.retain(|name, path| {
+            let from_oci = self.from_oci(name);
+            if from_oci {
+                ignored.push((
+                    path.clone(),
+                    format!(
+                        "module {name} comes from the OCI source the grants file names                          (modules.{name}.source); this file is not used"
+                    ),
+                ));
+            }
+            !from_oci
+        });
         let mut report = SyncReport {
             ignored,
             ..SyncReport::default()
@@ -138,9 +154,9 @@ impl Runtime {
         report.grants_without_module = self
             .grants()
             .modules
-            .keys()
-            .filter(|name| !files.contains_key(*name))
-            .cloned()
+            .iter()
+            .filter(|(name, grants)| grants.source.is_none() && !files.contains_key(*name))
+            .map(|(name, _)| name.clone())
             .collect();
         // Warned at the first scan, at every reload and whenever the list changes, not at
         // every quiet re-scan; the metric always holds the current list.
@@ -148,12 +164,12 @@ impl Runtime {
         self.metrics()
             .set_grants_without_module(report.grants_without_module.clone());
         for module in self.modules() {
-            if !files.contains_key(module.name()) {
+            if !files.contains_key(module.name()) && !self.from_oci(module.name()) {
                 self.remove(module.name());
                 report.removed.push(module.name().to_string());
             }
         }
-        self.forget_refusals_except(&|name| files.contains_key(name));
+        self.forget_refusals_except(&|name| files.contains_key(name) || self.from_oci(name));
         let marks = files.keys().map(|name| self.mark_loading(name)).collect();
         Ok(Scan {
             dir: dir.to_path_buf(),
@@ -387,6 +403,35 @@ mod tests {
         let report = runtime.sync_dir(dir.path()).await.unwrap();
         assert!(report.grants_without_module.is_empty());
         assert!(runtime.metrics().grants_without_module().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_module_from_an_oci_source_is_not_the_directorys() {
+        let dir = tempfile::tempdir().unwrap();
+        let grants = crate::Grants::from_yaml(
+            &format!(
+                "modules: {{ pulled: {{ source: {{ oci: \"r.example.com/pulled@sha256:{}\" }} }} }}",
+                "a".repeat(64)
+            ),
+            "grants.yaml",
+        )
+        .unwrap();
+        let runtime = Runtime::new(crate::RuntimeConfig {
+            grants,
+            ..Default::default()
+        })
+        .unwrap();
+        // No file: not a grant without a module (the source watcher loads it).
+        let report = runtime.sync_dir(dir.path()).await.unwrap();
+        assert!(report.grants_without_module.is_empty(), "{report:?}");
+        // A file of its name: ignored, saying why.
+        std::fs::write(dir.path().join("pulled.wasm"), b"not wasm").unwrap();
+        let report = runtime.sync_dir(dir.path()).await.unwrap();
+        assert!(report.refused.is_empty(), "{report:?}");
+        assert!(
+            report.ignored[0].1.contains("modules.pulled.source"),
+            "{report:?}"
+        );
     }
 
     #[test]

@@ -463,14 +463,32 @@ impl Runtime {
         removed
     }
 
-    fn refused(&self, error: &LoadError) {
+    /// Largest module read (`--max-module-bytes`), from a file or a registry.
+    pub fn max_module_bytes(&self) -> u64 {
+        self.inner.max_module_bytes
+    }
+
+    /// Whether module `name` comes from an OCI source (the grants file's `source`), not
+    /// from the modules directory.
+    pub fn from_oci(&self, name: &str) -> bool {
+        self.inner
+            .grants
+            .modules
+            .get(name)
+            .is_some_and(|grants| grants.source.is_some())
+    }
+
+    pub(crate) fn refused(&self, error: &LoadError) {
         self.inner.metrics.record_refusal(error.module());
         if let Some(limit) = error.compile_limit() {
             self.inner
                 .metrics
                 .record_compile_limit_refusal(error.module(), limit);
         }
-        if matches!(error, LoadError::Read { .. } | LoadError::TooLarge { .. }) {
+        if matches!(
+            error,
+            LoadError::Read { .. } | LoadError::TooLarge { .. } | LoadError::Pull { .. }
+        ) {
             // Not read, so nothing was remembered for it: a claim is told why.
             lock(&self.inner.last_refusal).insert(error.module().to_string(), error.to_string());
         }

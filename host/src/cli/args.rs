@@ -149,7 +149,41 @@ pub struct RunArgs {
     pub plugins: PluginArgs,
 
     #[command(flatten)]
+    pub sources: SourceArgs,
+
+    #[command(flatten)]
     pub controller: ControllerArgs,
+}
+
+/// Default of `--module-store`: beside the compile cache, on the Deployment's cache volume.
+pub const DEFAULT_MODULE_STORE: &str = "/var/cache/wasm-provisioner/modules";
+/// Default of `--module-poll-interval`.
+pub const DEFAULT_MODULE_POLL_INTERVAL: &str = "5m";
+
+/// Modules from OCI registries (the grants file's `source.oci`, docs/modules.md).
+#[derive(Debug, Clone, Args)]
+pub struct SourceArgs {
+    /// The module store: what was pulled from registries, by sha256 (an OCI image
+    /// layout), so a restart or a replica sharing it does not download again. Pre-fill it
+    /// (`oras copy --to-oci-layout`) for an air-gapped cluster. Used only when a module
+    /// has an OCI source.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE_STORE", default_value = DEFAULT_MODULE_STORE)]
+    pub module_store: PathBuf,
+
+    /// How often a module named by tag is resolved again (a new digest is pulled and
+    /// hot-reloaded), and a failed pull tried again. A module named by digest is never
+    /// resolved again.
+    #[arg(long, env = "WASM_PROVISIONER_MODULE_POLL_INTERVAL", default_value = DEFAULT_MODULE_POLL_INTERVAL, value_parser = positive_duration)]
+    pub module_poll_interval: std::time::Duration,
+}
+
+impl SourceArgs {
+    pub fn source_config(&self) -> wasm_provisioner_runtime::SourceConfig {
+        wasm_provisioner_runtime::SourceConfig {
+            store_dir: self.module_store.clone(),
+            poll_interval: self.module_poll_interval,
+        }
+    }
 }
 
 #[derive(Debug, Args)]

@@ -59,7 +59,7 @@ pub fn main() -> ExitCode {
 /// ([`EXIT_DELETE_IN_BACKGROUND`](guest::EXIT_DELETE_IN_BACKGROUND)).
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run(args) => run::run(&args.plugins, &args.controller)
+        Command::Run(args) => run::run(&args.plugins, &args.sources, &args.controller)
             .await
             .map(|()| ExitCode::SUCCESS),
         Command::Guest(GuestArgs {

@@ -9,14 +9,14 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::cli::args::{ControllerArgs, PluginArgs};
+use crate::cli::args::{ControllerArgs, PluginArgs, SourceArgs};
 use crate::controller::classes::{ClassChecks, ClassGate};
 use crate::controller::{self, Settings};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::nodes::{Backends, NodeLocal, NodeRole};
 use crate::server::{self, Health};
-use wasm_provisioner_runtime::{DirectoryWatcher, Runtime};
+use wasm_provisioner_runtime::{DirectoryWatcher, Runtime, SourceWatcher};
 
 /// The API client configuration from the flags.
 async fn client_config(args: &ControllerArgs) -> anyhow::Result<kube::Config> {
@@ -47,7 +47,11 @@ async fn termination() {
 }
 
 /// Runs the controller until SIGTERM/SIGINT (graceful) or a lost lease (error).
-pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<()> {
+pub async fn run(
+    plugins: &PluginArgs,
+    sources: &SourceArgs,
+    args: &ControllerArgs,
+) -> anyhow::Result<()> {
     let config = client_config(args).await?;
     // The Lease gets its own client without the QPS limit: renewals must never wait
     // behind a provisioning storm.
@@ -83,6 +87,9 @@ pub async fn run(plugins: &PluginArgs, args: &ControllerArgs) -> anyhow::Result<
             )
         })?;
     info!(dir = %plugins.modules.display(), "loading modules in the background");
+    // Modules from OCI registries, pulled in the background the same way.
+    let _sources = SourceWatcher::start(runtime.clone(), sources.source_config())
+        .context("opening the module store (--module-store)")?;
 
     metrics.register_runtime(runtime.clone());
     let health = Arc::new(Health::default());

@@ -24,6 +24,7 @@
 
 pub mod directories;
 pub mod limits;
+pub mod source;
 pub mod volumes;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use self::limits::{Limits, MAX_CONCURRENT_CALLS, MAX_MEMORY_BYTES, MAX_TIMEOUT, MIN_MEMORY_BYTES};
+use self::source::{ModuleSource, RegistryFile, RegistrySettings, SourceFile};
 use self::volumes::{VolumeGrants, VolumesFile};
 
 /// Access a module has to a granted directory.
@@ -118,6 +120,9 @@ pub struct ModuleGrants {
     /// template with `${pvc.namespace}`, `${pvc.name}`, `${pv.name}`); none by default.
     /// A class names the Secret; this bounds which ones it can name.
     pub secrets: Vec<String>,
+    /// Where its bytes come from when not from the modules directory: an OCI artifact
+    /// (see `source`, docs/modules.md).
+    pub source: Option<ModuleSource>,
 }
 
 /// The validated grants file.
@@ -126,6 +131,8 @@ pub struct Grants {
     /// Limits of modules the file does not name (and the base of those it does).
     pub defaults: Limits,
     pub modules: BTreeMap<String, ModuleGrants>,
+    /// How to reach the registries modules come from (`registries`).
+    pub registries: Vec<RegistrySettings>,
 }
 
 impl Grants {
@@ -180,6 +187,27 @@ impl Grants {
             ..ModuleGrants::default()
         })
     }
+
+    /// The modules whose bytes come from an OCI registry, with their sources.
+    pub fn oci_sources(&self) -> BTreeMap<String, ModuleSource> {
+        self.modules
+            .iter()
+            .filter_map(|(name, grants)| Some((name.clone(), grants.source.clone()?)))
+            .collect()
+    }
+
+    /// The settings of registry `host` (`host:port`); the defaults (https, the system's
+    /// CAs, anonymous) when the file does not list it.
+    pub fn registry(&self, host: &str) -> RegistrySettings {
+        self.registries
+            .iter()
+            .find(|registry| registry.host == host)
+            .cloned()
+            .unwrap_or_else(|| RegistrySettings {
+                host: host.to_string(),
+                ..RegistrySettings::default()
+            })
+    }
 }
 
 /// Why a grants file was not accepted.
@@ -209,6 +237,8 @@ pub enum GrantsError {
 struct GrantsFile {
     #[serde(default)]
     allow: AllowFile,
+    #[serde(default)]
+    registries: Vec<RegistryFile>,
     #[serde(default)]
     defaults: DefaultsFile,
     #[serde(default)]
@@ -252,6 +282,8 @@ struct ModuleFile {
     volumes: VolumesFile,
     #[serde(default)]
     secrets: Vec<String>,
+    #[serde(default)]
+    source: Option<SourceFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,6 +320,8 @@ impl GrantsFile {
                 Err(why) => problems.push(format!("allow.httpHosts[{i}] {entry:?}: {why}")),
             }
         }
+
+        let registries = source::validate_registries(self.registries, &mut problems);
 
         let defaults =
             self.defaults
@@ -377,6 +411,9 @@ impl GrantsFile {
                     problems.push(format!("{at}.secrets[{i}] {pattern:?}: {why}"));
                 }
             }
+            let source = module
+                .source
+                .and_then(|source| source.validate(&at, &registries, &mut problems));
             modules.insert(
                 name,
                 ModuleGrants {
@@ -385,13 +422,18 @@ impl GrantsFile {
                     http,
                     volumes,
                     secrets: module.secrets,
+                    source,
                 },
             );
         }
         overlapping_writable_directories(&modules, &mut problems);
 
         if problems.is_empty() {
-            Ok(Grants { defaults, modules })
+            Ok(Grants {
+                defaults,
+                modules,
+                registries,
+            })
         } else {
             Err(problems)
         }
@@ -839,6 +881,117 @@ modules:
         );
         let message = problems("modules: { m: { volumes: { hostpath: [] } } }");
         assert!(message.contains("unknown field `hostpath`"), "{message}");
+    }
+
+    fn public_key_file(dir: &Path, name: &str) -> PathBuf {
+        let signer = sigstore::crypto::SigningScheme::default()
+            .create_signer()
+            .unwrap();
+        let pem = signer
+            .to_sigstore_keypair()
+            .unwrap()
+            .public_key_to_pem()
+            .unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    }
+
+    #[test]
+    fn oci_sources_registries_and_signature_rules_are_parsed() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = public_key_file(dir.path(), "release.pub");
+        let team = public_key_file(dir.path(), "team.pub");
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let hex = "ab".repeat(32);
+        let grants = parse(&format!(
+            r#"
+registries:
+  - host: Registry.Example.com:5000
+    caFile: {ca}
+    pullSecret: /etc/wasm-provisioner/pull/.dockerconfigjson
+    mirror: mirror.internal:5000
+    signatures: {{ allOf: [{{ publicKey: {release} }}] }}
+  - {{ host: "127.0.0.1:5001", insecure: true }}
+modules:
+  hostpath:
+    source:
+      oci: registry.example.com:5000/wasm-provisioner/hostpath@sha256:{hex}
+  tagged:
+    source:
+      oci: 127.0.0.1:5001/tagged:v1
+      signatures: {{ anyOf: [{{ publicKey: {release} }}, {{ publicKey: {team} }}] }}
+  files: {{}}
+"#,
+            ca = ca.display(),
+            release = release.display(),
+            team = team.display(),
+        ))
+        .unwrap();
+        let sources = grants.oci_sources();
+        assert_eq!(sources.keys().collect::<Vec<_>>(), ["hostpath", "tagged"]);
+        let hostpath = &sources["hostpath"];
+        assert_eq!(hostpath.oci.pin, source::Pin::Digest(hex));
+        // The registry's rule applies to a module that has none of its own.
+        let rule = hostpath.signatures.as_ref().unwrap();
+        assert_eq!(rule.all_of.len(), 1);
+        assert_eq!(rule.all_of[0].path, release);
+        let tagged = sources["tagged"].signatures.as_ref().unwrap();
+        assert!(tagged.all_of.is_empty());
+        assert_eq!(tagged.any_of.len(), 2);
+        let registry = grants.registry("registry.example.com:5000");
+        assert_eq!(registry.mirror.as_deref(), Some("mirror.internal:5000"));
+        assert_eq!(registry.ca_file.as_deref(), Some(ca.as_path()));
+        assert!(!registry.insecure && grants.registry("127.0.0.1:5001").insecure);
+        // A registry not listed: https, no credentials.
+        assert!(!grants.registry("other.example.com").insecure);
+    }
+
+    #[test]
+    fn bad_sources_name_the_module_the_field_and_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_key = dir.path().join("not-a-key.pub");
+        std::fs::write(&not_a_key, "hello").unwrap();
+        let message = problems(&format!(
+            r#"
+registries:
+  - {{ host: "r.example.com", caFile: relative/ca.crt }}
+  - {{ host: "r.example.com" }}
+  - {{ host: "https://r2.example.com" }}
+modules:
+  hostpath: {{ source: {{ oci: "hostpath:v1" }} }}
+  nosig:
+    source:
+      oci: "r.example.com/nosig:v1"
+      signatures: {{}}
+  keys:
+    source:
+      oci: "r.example.com/keys:v1"
+      signatures: {{ allOf: [{{ publicKey: /nonexistent/cosign.pub }}], anyOf: [{{ publicKey: {bad} }}] }}
+"#,
+            bad = not_a_key.display()
+        ));
+        for expected in [
+            "modules.hostpath.source.oci \"hostpath:v1\": names no registry host; write registry/repository@sha256:",
+            "modules.nosig.source.signatures: names no key",
+            "modules.keys.source.signatures.allOf[0].publicKey \"/nonexistent/cosign.pub\": cannot be read",
+            "mount the public key there",
+            "modules.keys.source.signatures.anyOf[0].publicKey",
+            "is not a public key cosign can verify with",
+            "registries[0].caFile \"relative/ca.crt\": must be an absolute path",
+            "registries[1].host r.example.com: listed twice",
+            "registries[2].host \"https://r2.example.com\": must be a registry host",
+        ] {
+            assert!(message.contains(expected), "{expected}\n{message}");
+        }
+        let message =
+            problems("modules: { m: { source: { oci: \"r.example.com/m:v1\", tag: x } } }");
+        assert!(message.contains("unknown field `tag`"), "{message}");
     }
 
     #[test]

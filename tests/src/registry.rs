@@ -1,0 +1,243 @@
+//! A local OCI registry for the tests: `crane registry serve` (go-containerregistry's
+//! registry, the pinned crane of `deploy/tools.sh`) on a free port of 127.0.0.1, its
+//! blobs on disk in a directory of its own, stopped when dropped. Modules are pushed
+//! with the pinned `oras` in the wasm OCI artifact layout (`wkg` and `oras` produce it):
+//! a config of media type `application/vnd.wasm.config.v0+json` and one
+//! `application/wasm` layer.
+//!
+//! A registry that cannot start is a test failure with crane's own output, never a
+//! skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::install::{run, tool};
+
+/// The config media type of a wasm OCI artifact.
+pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
+/// The layer media type of a wasm OCI artifact.
+pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+
+/// A running `crane registry serve`, plain HTTP on 127.0.0.1.
+pub struct Registry {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registry {
+    /// Starts a registry with its blobs under a fresh directory, and waits until it
+    /// answers `GET /v2/`.
+    pub fn start() -> anyhow::Result<Registry> {
+        let dir = tempfile::Builder::new()
+            .prefix("wasm-provisioner-registry-")
+            .tempdir()?;
+        let port = crate::host::free_port();
+        let log = dir.path().join("registry.log");
+        let child = spawn(port, dir.path(), &log)?;
+        let registry = Registry {
+            child,
+            port,
+            dir,
+            log,
+        };
+        registry.wait_ready()?;
+        Ok(registry)
+    }
+
+    /// Stops the registry and starts it again on the same port and directory: a registry
+    /// that was down for a while. Blobs stay (on disk); manifests and tags do not (crane
+    /// keeps them in memory): push again what the test needs after it.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop();
+        self.child = spawn(self.port, self.dir.path(), &self.log)?;
+        self.wait_ready()
+    }
+
+    /// Stops the registry (a registry that is down); [`Registry::restart`] brings it
+    /// back.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// `127.0.0.1:PORT`, the registry part of references.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The directory the registry keeps its blobs in (`crane registry serve --disk`).
+    pub fn disk(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The registry's log (crane's stderr), for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Pushes `wasm` as `REPOSITORY:TAG` in the wasm OCI artifact layout with `oras push`;
+    /// returns the manifest's digest (`sha256:<hex>`).
+    pub fn push_wasm(&self, repository: &str, tag: &str, wasm: &Path) -> anyhow::Result<String> {
+        let work = tempfile::tempdir()?;
+        // oras names the layer after the file and refuses absolute paths: push from a
+        // directory holding only the module and its config.
+        std::fs::copy(wasm, work.path().join("module.wasm"))
+            .with_context(|| format!("cannot copy {}", wasm.display()))?;
+        std::fs::write(
+            work.path().join("config.json"),
+            r#"{"architecture":"wasm","os":"wasip2"}"#,
+        )?;
+        let out = run(Command::new(tool("oras"))
+            .current_dir(work.path())
+            .args(["push", "--plain-http", "--no-tty"])
+            .arg("--config")
+            .arg(format!("config.json:{WASM_CONFIG_MEDIA_TYPE}"))
+            .arg(format!("{}/{repository}:{tag}", self.host()))
+            .arg(format!("module.wasm:{WASM_LAYER_MEDIA_TYPE}"))
+            .args(["--format", "go-template={{.digest}}"]))?;
+        let digest = out.trim().to_string();
+        if !digest.starts_with("sha256:") || digest.len() != 71 {
+            bail!("oras push printed {out:?}, not a sha256 digest");
+        }
+        Ok(digest)
+    }
+
+    /// Points `REPOSITORY:TAG` at the manifest `digest` (`sha256:<hex>`), as a re-tag
+    /// by a release process does.
+    pub fn tag(&self, repository: &str, digest: &str, tag: &str) -> anyhow::Result<()> {
+        run(Command::new(tool("oras"))
+            .args(["tag", "--plain-http"])
+            .arg(format!("{}/{repository}@{digest}", self.host()))
+            .arg(tag))?;
+        Ok(())
+    }
+
+    /// Signs manifest `digest` (`sha256:<hex>`) of `repository` with `signer` as
+    /// `cosign sign --key` does: the simple-signing payload as the one layer of the
+    /// manifest tagged `sha256-<hex>.sig`, its signature (base64) in the layer's
+    /// `dev.cosignproject.cosign/signature` annotation. Replaces any signature there.
+    pub fn sign(
+        &self,
+        repository: &str,
+        digest: &str,
+        signer: &sigstore::crypto::SigStoreSigner,
+    ) -> anyhow::Result<()> {
+        use base64::Engine as _;
+        use wasm_provisioner_runtime::source::verify;
+        let hex = digest.strip_prefix("sha256:").context("a sha256 digest")?;
+        let payload = verify::simple_signing_payload(&format!("{}/{repository}", self.host()), hex);
+        let signature = base64::engine::general_purpose::STANDARD.encode(
+            signer
+                .sign(&payload)
+                .map_err(|error| anyhow::anyhow!("signing: {error}"))?,
+        );
+        let work = tempfile::tempdir()?;
+        std::fs::write(work.path().join("payload.json"), &payload)?;
+        std::fs::write(work.path().join("config.json"), "{}")?;
+        std::fs::write(
+            work.path().join("annotations.json"),
+            serde_json::to_vec(&serde_json::json!({
+                "payload.json": { (verify::SIGNATURE_ANNOTATION): signature },
+            }))?,
+        )?;
+        run(Command::new(tool("oras"))
+            .current_dir(work.path())
+            .args([
+                "push",
+                "--plain-http",
+                "--no-tty",
+                "--disable-path-validation",
+            ])
+            .args(["--annotation-file", "annotations.json"])
+            .args([
+                "--config",
+                "config.json:application/vnd.oci.image.config.v1+json",
+            ])
+            .arg(format!(
+                "{}/{repository}:{}",
+                self.host(),
+                verify::signature_tag(hex)
+            ))
+            .arg(format!(
+                "payload.json:{}",
+                verify::SIMPLE_SIGNING_MEDIA_TYPE
+            )))?;
+        Ok(())
+    }
+
+    /// Changes the bytes of blob `digest` (`sha256:<hex>`) on the registry's disk, its
+    /// length kept: the registry then serves bytes that do not match their digest, as
+    /// a compromised registry or a corrupted disk would.
+    pub fn tamper_blob(&self, digest: &str) -> anyhow::Result<()> {
+        let hex = digest.strip_prefix("sha256:").context("a sha256 digest")?;
+        let path = self.dir.path().join("blobs/sha256").join(hex);
+        let mut bytes =
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&path, bytes)?;
+        Ok(())
+    }
+
+    /// The manifest `REPOSITORY@DIGEST` or `REPOSITORY:TAG` as the registry serves it.
+    pub fn manifest(&self, reference: &str) -> anyhow::Result<serde_json::Value> {
+        let out = run(Command::new(tool("crane"))
+            .args(["manifest", "--insecure"])
+            .arg(format!("{}/{reference}", self.host())))?;
+        Ok(serde_json::from_str(&out)?)
+    }
+
+    fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if v2_answers(self.port) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the local registry (crane registry serve on port {}) did not answer GET /v2/ \
+                     within 30s; its log:\n{}",
+                    self.port,
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn spawn(port: u16, dir: &Path, log: &Path) -> anyhow::Result<Child> {
+    let blobs = dir.join("blobs");
+    std::fs::create_dir_all(&blobs)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    Command::new(tool("crane"))
+        .args(["registry", "serve", "--address"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--disk")
+        .arg(&blobs)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start crane registry serve")
+}
+
+/// Whether `GET /v2/` on the port answers 200.
+fn v2_answers(port: u16) -> bool {
+    crate::host::http_get(port, "/v2/").is_ok_and(|(status, _)| status == 200)
+}
