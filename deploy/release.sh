@@ -182,15 +182,27 @@ for arch in amd64 arm64; do
   say "SBOM $sbom ($(grep -c '"bom-ref"' "$out/$sbom") entries), attached to the linux/$arch image"
 done
 
+# --- the signing key (its public half goes into the chart) -----------------------------------
+if [ -n "${COSIGN_KEY:-}" ]; then
+  key=$COSIGN_KEY
+  [ -n "${COSIGN_PASSWORD+set}" ] || { echo "deploy/release.sh: COSIGN_KEY needs COSIGN_PASSWORD (empty for a key without one)" >&2; exit 1; }
+  COSIGN_PASSWORD="$COSIGN_PASSWORD" "$cosign" public-key --key "$key" >"$out/cosign.pub"
+else
+  say "no COSIGN_KEY: signing with an ephemeral key pair (only cosign.pub is kept)"
+  (cd "$work" && COSIGN_PASSWORD="" "$cosign" generate-key-pair >/dev/null 2>&1)
+  key="$work/cosign.key"
+  export COSIGN_PASSWORD=""
+  cp "$work/cosign.pub" "$out/cosign.pub"
+fi
 # --- the chart: its values name the image and the modules by digest ----------------------
 chart="$work/chart/wasm-provisioner"
 mkdir -p "$work/chart"
 cp -RL deploy/helm/wasm-provisioner "$chart"
 rm -f "$chart"/modules/*.wasm
 python3 - "$chart/values.yaml" "$registry_host" "${image#"$registry_host"/}" "$image_digest" \
-  "$insecure" "${module_refs[hostpath]}" "${module_refs[nfs-subdir]}" <<'EOF'
+  "$insecure" "${module_refs[hostpath]}" "${module_refs[nfs-subdir]}" "$out/cosign.pub" <<'EOF'
 import re, sys
-path, host, repository, digest, insecure, hostpath, nfs = sys.argv[1:]
+path, host, repository, digest, insecure, hostpath, nfs, public_key = sys.argv[1:]
 text = open(path).read()
 def replace(pattern, new):
     global text
@@ -202,6 +214,10 @@ replace(r'^(image:\n(?:  .*\n)*?)  repository: wasm-provisioner$', rf'\1  reposi
 replace(r'^(image:\n(?:  .*\n)*?)  digest: ""$', rf'\1  digest: "{digest}"')
 replace(r'^  source: files$', '  source: oci')
 replace(r'^  oci: \{\}$', f'  oci:\n    hostpath: "{hostpath}"\n    nfs-subdir: "{nfs}"')
+# The bundled modules are verified against the release's key.
+replace(r'^  signatures: \{\}$', '  signatures:\n    allOf: [{ publicKey: /etc/wasm-provisioner/keys/release.pub }]')
+key = "".join("    " + line + "\n" for line in open(public_key).read().strip().splitlines())
+replace(r'^signatureKeys: \{\}$', "signatureKeys:\n  release: |\n" + key.rstrip("\n").replace("\\", "\\\\"))
 if insecure == "true":
     replace(r'^registries: \[\]$', f'registries:\n  - {{ host: "{host}", insecure: true }}')
 open(path, "w").write(text)
@@ -214,17 +230,6 @@ chart_digest=$(sed -n 's/^Digest: //p' "$work/helm.log")
 say "chart oci://$registry/charts/wasm-provisioner:$version@$chart_digest"
 
 # --- signatures -----------------------------------------------------------------------------
-if [ -n "${COSIGN_KEY:-}" ]; then
-  key=$COSIGN_KEY
-  [ -n "${COSIGN_PASSWORD+set}" ] || { echo "deploy/release.sh: COSIGN_KEY needs COSIGN_PASSWORD (empty for a key without one)" >&2; exit 1; }
-  COSIGN_PASSWORD="$COSIGN_PASSWORD" "$cosign" public-key --key "$key" >"$out/cosign.pub"
-else
-  say "no COSIGN_KEY: signing with an ephemeral key pair (only cosign.pub is kept)"
-  (cd "$work" && COSIGN_PASSWORD="" "$cosign" generate-key-pair >/dev/null 2>&1)
-  key="$work/cosign.key"
-  export COSIGN_PASSWORD=""
-  cp "$work/cosign.pub" "$out/cosign.pub"
-fi
 sign() {
   "$cosign" sign --yes --key "$key" --tlog-upload=false "${cosign_flags[@]}" "$1" >"$work/cosign.log" 2>&1 ||
     { cat "$work/cosign.log" >&2; exit 1; }

@@ -15,10 +15,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 use wasm_provisioner_tests::cluster::{
@@ -492,6 +491,7 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
 
     // The modules: wasm OCI artifacts, the released bytes.
     let modules = check_modules(&out, &release)?;
+    let hostpath_sha256 = sha256_hex(modules.get("hostpath.wasm").context("hostpath")?);
 
     // The chart, from the registry: image and modules by digest, nothing built in.
     let package = out.join(release["chart"]["package"].as_str().context("package")?);
@@ -554,6 +554,28 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
             grants["modules"][name]["source"]
         );
     }
+    for (name, _) in release["modules"].as_object().context("modules")? {
+        ensure!(
+            grants["modules"][name]["source"]["signatures"]["allOf"][0]["publicKey"]
+                == "/etc/wasm-provisioner/keys/release.pub",
+            "the released chart does not verify {name} against the release's key: {}",
+            grants["modules"][name]["source"]
+        );
+    }
+    let keys = of_kind(&pulled, "ConfigMap")
+        .into_iter()
+        .find(|c| {
+            c["metadata"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .ends_with("-keys")
+        })
+        .context("the released chart has no signature keys ConfigMap")?;
+    ensure!(
+        keys["data"]["release.pub"].as_str().map(str::trim)
+            == Some(std::fs::read_to_string(out.join("cosign.pub"))?.trim()),
+        "the released chart's key is not the release's cosign.pub"
+    );
     ensure!(
         grants["registries"][0]["host"] == registry.host.as_str(),
         "the released chart's grants have no entry for the registry: {}",
@@ -565,30 +587,10 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     );
     check_notes(&package, &release_name, &ctx.namespace, &pulled)?;
 
-    // Run it. The image from the registry, as kubelet would run it; the chart from its
-    // package. The modules: the registry's bytes in a ConfigMap made server-side, as
-    // the chart's README says for small modules.
-    // (modules.source=oci once the host pulls modules itself.)
+    // Run it: the image from the registry, as kubelet would run it; the chart from its
+    // package, at its defaults but for names (the modules pulled by digest from the
+    // registry and verified against the release's key, as the released values say).
     let client = &ctx.client;
-    let modules_map = format!("{release_name}-released-modules");
-    Api::<ConfigMap>::namespaced(client.clone(), &ctx.namespace)
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(modules_map.clone()),
-                    ..Default::default()
-                },
-                binary_data: Some(
-                    modules
-                        .into_iter()
-                        .map(|(k, v)| (k, ByteString(v)))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-        )
-        .await?;
     let provisioner = format!("{}.release.wasm-provisioner.dev", ctx.namespace);
     let class = format!("wasm-hostpath-{}", ctx.namespace);
     let metrics_port = wasm_provisioner_tests::host::free_port();
@@ -598,7 +600,6 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
         serde_yaml::to_string(&json!({
             "provisionerName": provisioner,
             "metricsPort": metrics_port,
-            "modules": { "source": "configMap", "configMap": { "name": modules_map } },
             "storageClasses": [{ "name": class, "module": "hostpath",
                 "volumeBindingMode": "WaitForFirstConsumer",
                 "parameters": { "nodePath": "/var/lib/wasm-provisioner/hostpath",
@@ -628,7 +629,7 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
             }))?,
         )
         .await?;
-    let outcome = run_released(ctx, dir, &image, &objects, &class, &node).await;
+    let outcome = run_released(ctx, dir, &image, &objects, &class, &node, &hostpath_sha256).await;
     for object in &objects {
         if object["metadata"]["namespace"].is_null() {
             let name = object["metadata"]["name"].as_str().unwrap_or("");
@@ -665,6 +666,7 @@ async fn run_released(
     objects: &[Value],
     class: &str,
     node: &str,
+    hostpath_sha256: &str,
 ) -> anyhow::Result<()> {
     let client = &ctx.client;
     let (amd64, _) = pull_platform(image, "linux/amd64", &dir.join("amd64"))?;
@@ -699,7 +701,7 @@ async fn run_released(
         },
     )
     .await?;
-    let outcome = bind_and_delete(ctx, &mut pod, class, node).await;
+    let outcome = bind_and_delete(ctx, &mut pod, class, node, hostpath_sha256).await;
     let status = pod.terminate(Duration::from_secs(30))?;
     outcome.with_context(|| format!("the container's log:\n{}", pod.log_text()))?;
     ensure!(
@@ -715,8 +717,31 @@ async fn bind_and_delete(
     pod: &mut Pod,
     class: &str,
     node: &str,
+    hostpath_sha256: &str,
 ) -> anyhow::Result<()> {
     pod.wait_probe("readinessProbe", WAIT)?;
+    // The module was pulled from the registry (its signature checked on the way), and
+    // the released bytes serve.
+    let port = pod.probe_port("readinessProbe")?;
+    let serving = format!("module=\"hostpath\",sha256=\"{hostpath_sha256}\"");
+    wait_for("the released hostpath module in service", WAIT, || async {
+        let (_, metrics) = pod.get(port, "/metrics")?;
+        let served = metrics.lines().any(|l| {
+            l.starts_with("wasm_provisioner_module_version_info{")
+                && l.contains(&serving)
+                && l.ends_with(" 1")
+        });
+        Ok(served.then_some(metrics))
+    })
+    .await
+    .map(|metrics| {
+        for line in metrics
+            .lines()
+            .filter(|l| l.starts_with("wasm_provisioner_module_pulls_total"))
+        {
+            eprintln!("{line}");
+        }
+    })?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     claims
         .create(

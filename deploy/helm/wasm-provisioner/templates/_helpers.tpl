@@ -85,7 +85,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $modules := $grants.modules | default dict -}}
 {{- range $name, $reference := .Values.modules.oci -}}
 {{- $entry := get $modules $name | default dict -}}
-{{- $_ := set $entry "source" (dict "oci" $reference) -}}
+{{- $source := dict "oci" $reference -}}
+{{- with $.Values.modules.signatures -}}
+{{- $_ := set $source "signatures" . -}}
+{{- end -}}
+{{- $_ := set $entry "source" $source -}}
 {{- $_ := set $modules $name $entry -}}
 {{- end -}}
 {{- $_ := set $grants "modules" $modules -}}

@@ -31,6 +31,10 @@ metadata:
   annotations:
     # The host reads its grants at start: a change rolls the pods.
     checksum/grants: {{ include "wasm-provisioner.grants" $ | sha256sum }}
+    {{- with $.Values.signatureKeys }}
+    # And the signature keys: a change rolls the pods too.
+    checksum/signature-keys: {{ toJson . | sha256sum }}
+    {{- end }}
     {{- with $.Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -147,8 +151,7 @@ spec:
       volumeMounts:
         - name: modules
           mountPath: /etc/wasm-provisioner/modules
-          # modules.source=oci: the host keeps the modules it pulled here.
-          readOnly: {{ ne $source "oci" }}
+          readOnly: true
           {{- if and (eq $source "image") $.Values.modules.image.subPath }}
           subPath: {{ $.Values.modules.image.subPath }}
           {{- end }}
@@ -160,6 +163,9 @@ spec:
         {{- if $node }}
         # --token-file's default: /var/run/secrets/wasm-provisioner/token.
         - { name: token, mountPath: /var/run/secrets/wasm-provisioner, readOnly: true }
+        {{- end }}
+        {{- if $.Values.signatureKeys }}
+        - { name: signature-keys, mountPath: /etc/wasm-provisioner/keys, readOnly: true }
         {{- end }}
         {{- with $.Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
@@ -198,6 +204,10 @@ spec:
               audience: wasm-provisioner
               expirationSeconds: 3600
               path: token
+    {{- end }}
+    {{- if $.Values.signatureKeys }}
+    - name: signature-keys
+      configMap: { name: {{ $fullname }}-keys }
     {{- end }}
     {{- with $.Values.extraVolumes }}
     {{- toYaml . | nindent 4 }}
