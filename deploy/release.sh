@@ -100,11 +100,15 @@ if [ -z "$arm64" ]; then
   fi
   rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1
   say "building linux/arm64 ($profile, cross, in $cross_dir)"
-  CARGO_TARGET_DIR="$cross_dir" \
+  # A clean environment: the same build whoever runs the script (CI's clippy wrapper, or
+  # the variables `cargo test` gives a test that runs it, would make cargo rebuild).
+  env -i PATH="$PATH" HOME="$HOME" \
+    ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} \
+    ${RUSTUP_TOOLCHAIN:+RUSTUP_TOOLCHAIN="$RUSTUP_TOOLCHAIN"} \
+    CARGO_TARGET_DIR="$cross_dir" \
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
     CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
     AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
-    RUSTC_WORKSPACE_WRAPPER="" \
     cargo build -q --locked "${cargo_profile[@]}" --target aarch64-unknown-linux-gnu \
     -p wasm-provisioner --bin wasm-provisioner
   arm64="$cross_dir/aarch64-unknown-linux-gnu/$profile/wasm-provisioner"

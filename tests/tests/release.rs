@@ -723,11 +723,12 @@ async fn bind_and_delete(
     // The module was pulled from the registry (its signature checked on the way), and
     // the released bytes serve.
     let port = pod.probe_port("readinessProbe")?;
-    let serving = format!("module=\"hostpath\",sha256=\"{hostpath_sha256}\"");
+    let serving = format!("sha256=\"{hostpath_sha256}\"");
     wait_for("the released hostpath module in service", WAIT, || async {
         let (_, metrics) = pod.get(port, "/metrics")?;
         let served = metrics.lines().any(|l| {
             l.starts_with("wasm_provisioner_module_version_info{")
+                && l.contains("module=\"hostpath\"")
                 && l.contains(&serving)
                 && l.ends_with(" 1")
         });
