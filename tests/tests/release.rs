@@ -4,10 +4,13 @@
 //! checksums, the cosign signatures, a tampered file refused), the image index (both
 //! platforms, the arm64 binary an aarch64 ELF with its loader and libraries in the
 //! image), the SBOM, the modules as wasm OCI artifacts, and the chart pulled from the
-//! registry (its image and modules named by digest, in the registry), and runs the
-//! chart's Deployment from the image pulled from the registry as kubelet would, until a
+//! registry (its image and modules named by digest, in the registry, with the release's
+//! public key), and runs the chart's Deployment, at its defaults, from the image pulled
+//! from the registry as kubelet would: the host pulls the modules from the registry,
+//! checks their signatures against the release's key, serves the released bytes, and a
 //! claim is Bound and its volume deleted. No source toolchain is on that path: the
-//! binary is the image's, the modules are the registry's.
+//! binary is the image's, the modules are the registry's. The script's arm64 cross build
+//! is cold on a first run (CI's release step, before the tests, warms it).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
