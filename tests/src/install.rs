@@ -53,7 +53,7 @@ pub fn run_expecting_failure(command: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
-/// The path of a pinned tool (`crane`, `helm`, `kustomize`), built by `deploy/tools.sh` on
+/// The path of a pinned tool (`crane`, `helm`, `kustomize`, `oras`), built by `deploy/tools.sh` on
 /// first use and cached outside the repository.
 /// Built once per test process (tests run in parallel threads).
 pub fn tool(name: &str) -> PathBuf {

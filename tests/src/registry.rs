@@ -177,17 +177,14 @@ impl Registry {
         Ok(())
     }
 
-    /// Changes the bytes of blob `digest` (`sha256:<hex>`) on the registry's disk, its
-    /// length kept: the registry then serves bytes that do not match their digest, as
-    /// a compromised registry or a corrupted disk would.
-    pub fn tamper_blob(&self, digest: &str) -> anyhow::Result<()> {
-        let hex = digest.strip_prefix("sha256:").context("a sha256 digest")?;
-        let path = self.dir.path().join("blobs/sha256").join(hex);
-        let mut bytes =
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let middle = bytes.len() / 2;
-        bytes[middle] ^= 0xff;
-        std::fs::write(&path, bytes)?;
+    /// Copies `REPOSITORY@DIGEST` or `REPOSITORY:TAG` with what it references into the
+    /// OCI image layout `layout` as `tag`, as an admin fills an air-gapped cluster's
+    /// module store (`oras cp --to-oci-layout`).
+    pub fn copy_to_layout(&self, reference: &str, layout: &Path, tag: &str) -> anyhow::Result<()> {
+        run(Command::new(tool("oras"))
+            .args(["cp", "--from-plain-http", "--no-tty", "--to-oci-layout"])
+            .arg(format!("{}/{reference}", self.host()))
+            .arg(format!("{}:{tag}", layout.display())))?;
         Ok(())
     }
 
@@ -240,4 +237,124 @@ fn spawn(port: u16, dir: &Path, log: &Path) -> anyhow::Result<Child> {
 /// Whether `GET /v2/` on the port answers 200.
 fn v2_answers(port: u16) -> bool {
     crate::host::http_get(port, "/v2/").is_ok_and(|(status, _)| status == 200)
+}
+
+/// A mirror in front of a [`Registry`] that serves what the registry serves, except the
+/// blobs it is told to tamper with: those it answers itself with their bytes changed,
+/// length kept (a compromised mirror or cache, or bytes changed on the wire; `crane
+/// registry serve` itself refuses to serve a blob that does not match its digest). Plain
+/// HTTP on 127.0.0.1, one thread per connection, one request per connection.
+pub struct TamperingMirror {
+    port: u16,
+    tampered: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl TamperingMirror {
+    /// Starts a mirror of `registry`.
+    pub fn start(registry: &Registry) -> anyhow::Result<TamperingMirror> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let upstream = registry.port;
+        let blobs = registry.dir.path().join("blobs/sha256");
+        let tampered = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let list = tampered.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let list = list.clone();
+                let blobs = blobs.clone();
+                std::thread::spawn(move || {
+                    let _ = serve_one(stream, upstream, &blobs, &list);
+                });
+            }
+        });
+        Ok(TamperingMirror { port, tampered })
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// From now on, blob `digest` (`sha256:<hex>`) is served with its bytes changed.
+    pub fn tamper(&self, digest: &str) {
+        self.tampered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(digest.to_string());
+    }
+}
+
+fn serve_one(
+    mut client: std::net::TcpStream,
+    upstream: u16,
+    blobs: &Path,
+    tampered: &std::sync::Mutex<Vec<String>>,
+) -> std::io::Result<()> {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let mut reader = std::io::BufReader::new(client.try_clone()?);
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let end = line == "\r\n";
+        head.push(line);
+        if end {
+            break;
+        }
+    }
+    let request_line = head[0].clone();
+    let path = request_line.split_whitespace().nth(1).unwrap_or_default();
+    let blob = path
+        .rsplit_once("/blobs/")
+        .map(|(_, digest)| digest.to_string());
+    let tamper = request_line.starts_with("GET ")
+        && blob.as_ref().is_some_and(|digest| {
+            tampered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(digest)
+        });
+    if let (true, Some(digest)) = (tamper, blob) {
+        let mut bytes = std::fs::read(blobs.join(digest.trim_start_matches("sha256:")))?;
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        write!(
+            client,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            bytes.len()
+        )?;
+        client.write_all(&bytes)?;
+        return Ok(());
+    }
+    // Forwarded as HTTP/1.0 (the registry closes after its answer), the host rewritten.
+    let mut upstream = std::net::TcpStream::connect(("127.0.0.1", upstream))?;
+    let mut forwarded = request_line.replacen("HTTP/1.1", "HTTP/1.0", 1);
+    let mut content_length = 0usize;
+    for line in &head[1..head.len() - 1] {
+        let lower = line.to_ascii_lowercase();
+        if lower.starts_with("host:") {
+            forwarded.push_str(&format!(
+                "Host: 127.0.0.1:{}\r\n",
+                upstream.peer_addr()?.port()
+            ));
+        } else if lower.starts_with("connection:") {
+            continue;
+        } else {
+            if let Some(value) = lower.strip_prefix("content-length:") {
+                content_length = value.trim().parse().unwrap_or(0);
+            }
+            forwarded.push_str(line);
+        }
+    }
+    forwarded.push_str("Connection: close\r\n\r\n");
+    upstream.write_all(forwarded.as_bytes())?;
+    let mut body = vec![0u8; content_length];
+    reader.read_exact(&mut body)?;
+    upstream.write_all(&body)?;
+    let mut answer = Vec::new();
+    upstream.read_to_end(&mut answer)?;
+    client.write_all(&answer)?;
+    Ok(())
 }

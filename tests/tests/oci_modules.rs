@@ -15,7 +15,7 @@ use wasm_provisioner_tests::cluster::wait_for;
 use wasm_provisioner_tests::fixture::{Fixture, TEST_VOLUME_GRANTS, WAIT};
 use wasm_provisioner_tests::guests;
 use wasm_provisioner_tests::host::Host;
-use wasm_provisioner_tests::registry::Registry;
+use wasm_provisioner_tests::registry::{Registry, TamperingMirror};
 
 /// Two versions of one module that both serve the same classes: the last 0.1 contract
 /// build of hostpath, and the current one.
@@ -30,18 +30,21 @@ fn sha256_of(path: &Path) -> String {
     hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
 }
 
-/// The grants file: the registry (plain http), and per module its grants and `source`
-/// (YAML lines under `source:`).
+/// The grants file: the registries (YAML entries), and per module its grants and
+/// `source` (YAML lines under `source:`).
 fn write_grants(
     fx: &Fixture,
-    registry: &Registry,
+    registries: &[String],
     modules: &[(&str, String)],
 ) -> anyhow::Result<()> {
     let mut text = format!(
-        "allow:\n  directories: [{}]\nregistries:\n  - {{ host: \"{}\", insecure: true }}\nmodules:\n",
-        fx.data.display(),
-        registry.host()
+        "allow:\n  directories: [{}]\nregistries:\n",
+        fx.data.display()
     );
+    for registry in registries {
+        text.push_str(&format!("  - {registry}\n"));
+    }
+    text.push_str("modules:\n");
     for (module, source) in modules {
         let dir = fx.data.join(module);
         std::fs::create_dir_all(&dir)?;
@@ -110,7 +113,10 @@ async fn pulled_by_digest_and_tag_retag_reloads_restart_hits_the_store() -> anyh
     registry.tag("wp/hostpath", &v1, "stable")?;
     write_grants(
         &fx,
-        &registry,
+        &[format!(
+            "{{ host: \"{}\", insecure: true }}",
+            registry.host()
+        )],
         &[
             ("tagged", oci(&registry, "wp/hostpath:stable")),
             ("pinned", oci(&registry, &format!("wp/hostpath@{v2}"))),
@@ -152,9 +158,16 @@ async fn pulled_by_digest_and_tag_retag_reloads_restart_hits_the_store() -> anyh
     assert_eq!(pulls(&host, "pinned", "unchanged"), 0.0);
     assert!(pulls(&host, "tagged", "unchanged") >= 1.0);
 
+    // The registry goes down: the tag's poll fails (after its retries), the version in
+    // service keeps serving.
+    registry.stop();
+    wait_pulls(&host, "tagged", "registry_error", 1.0).await?;
+    assert!(serving(&host, "tagged", &sha256_of(&new_hostpath())));
+    fx.claim("registry-down", &tagged, "1Mi", json!({})).await?;
+    fx.wait_bound("registry-down").await?;
+
     // A restart with the registry down: both served from the store.
     host.terminate(Duration::from_secs(30))?;
-    registry.stop();
     let host = fx.host(&flags);
     wait_pulls(&host, "pinned", "store_hit", 1.0).await?;
     wait_pulls(&host, "tagged", "store_hit", 1.0).await?;
@@ -204,10 +217,20 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
         .unwrap()
         .to_string();
 
+    // Every pull goes through a mirror that serves what the registry does, except the
+    // blobs the test has it tamper with.
+    let mirror = TamperingMirror::start(&registry)?;
     let signatures = format!("      signatures: {{ allOf: [{{ publicKey: {release_pub} }}] }}\n");
     write_grants(
         &fx,
-        &registry,
+        &[
+            format!(
+                "{{ host: \"{}\", insecure: true, mirror: \"{}\" }}",
+                registry.host(),
+                mirror.host()
+            ),
+            format!("{{ host: \"{}\", insecure: true }}", mirror.host()),
+        ],
         &[
             ("signed", oci(&registry, "wp/signed:stable") + &signatures),
             (
@@ -279,8 +302,7 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
     wait_pulls(&host, "signed", "bad_signature", 1.0).await?;
     last_good_serves(&fx, &host, "after-wrong-key").await?;
 
-    // Signed by the right key, but its bytes changed in the registry afterwards (bytes
-    // of their own: the registry stores each blob once, by digest).
+    // Signed by the right key, but its bytes changed on the way (by the mirror).
     let tampered = registry.push_wasm("wp/signed", "tampered", &guests::module("minimal"))?;
     registry.sign("wp/signed", &tampered, &release)?;
     let tampered_layer =
@@ -288,7 +310,7 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
             .as_str()
             .unwrap()
             .to_string();
-    registry.tamper_blob(&tampered_layer)?;
+    mirror.tamper(&tampered_layer);
     registry.tag("wp/signed", &tampered, "stable")?;
     wait_pulls(&host, "signed", "digest_mismatch", 1.0).await?;
     last_good_serves(&fx, &host, "after-tampering").await?;
@@ -303,6 +325,56 @@ async fn tampered_unsigned_wrongly_signed_and_oversize_modules_never_run() -> an
     registry.sign("wp/signed", &fixed, &release)?;
     registry.tag("wp/signed", &fixed, "stable")?;
     wait_serving(&host, "signed", &sha256_of(&new_hostpath())).await?;
+    fx.cleanup().await;
+    Ok(())
+}
+
+/// Air-gapped: the module store filled beforehand with `oras cp --to-oci-layout` (the
+/// module by digest and its cosign signature), no registry at all: the module is
+/// verified and served from the store alone.
+#[tokio::test]
+async fn an_air_gapped_store_filled_by_oras_serves_a_signed_module() -> anyhow::Result<()> {
+    let mut fx = Fixture::new("oci-air-gapped").await?;
+    let mut registry = Registry::start()?;
+    let release = SigningScheme::default().create_signer().unwrap();
+    let release_pub = public_key(&fx.root, "release.pub", &release);
+    let digest = registry.push_wasm("wp/hostpath", "v1", &old_hostpath())?;
+    registry.sign("wp/hostpath", &digest, &release)?;
+    let store = fx.root.join("store");
+    let hex = digest.trim_start_matches("sha256:");
+    registry.copy_to_layout(&format!("wp/hostpath@{digest}"), &store, "v1")?;
+    let signature_tag = format!("sha256-{hex}.sig");
+    registry.copy_to_layout(
+        &format!("wp/hostpath:{signature_tag}"),
+        &store,
+        &signature_tag,
+    )?;
+    let host_name = registry.host();
+    registry.stop();
+
+    write_grants(
+        &fx,
+        &[format!("{{ host: \"{host_name}\", insecure: true }}")],
+        &[(
+            "hostpath",
+            format!("      oci: \"{host_name}/wp/hostpath@{digest}\"\n")
+                + &format!("      signatures: {{ allOf: [{{ publicKey: {release_pub} }}] }}\n"),
+        )],
+    )?;
+    let flags = [format!("--module-store={}", store.display())];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let host = fx.host(&flags);
+    let class = fx.class("hostpath", &[NODE_PATH], json!({})).await?;
+    fx.claim("offline", &class, "1Mi", json!({})).await?;
+    fx.wait_bound("offline").await?;
+    wait_serving(&host, "hostpath", &sha256_of(&old_hostpath())).await?;
+    assert_eq!(
+        pulls(&host, "hostpath", "store_hit"),
+        1.0,
+        "{}",
+        host.log_tail()
+    );
+    assert_eq!(pulls(&host, "hostpath", "pulled"), 0.0);
     fx.cleanup().await;
     Ok(())
 }

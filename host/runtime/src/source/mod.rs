@@ -177,6 +177,10 @@ impl Puller {
         served: Option<String>,
     ) -> Option<String> {
         let metrics = self.runtime.metrics();
+        // A digest in service is never looked at again.
+        if matches!(&source.oci.pin, Pin::Digest(hex) if served.as_ref() == Some(hex)) {
+            return None;
+        }
         let manifest = match self.resolve(&source.oci, served.is_none()).await {
             Ok(manifest) => manifest,
             Err(failure) => {
