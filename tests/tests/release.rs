@@ -14,10 +14,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -30,51 +30,9 @@ use wasm_provisioner_tests::install::{
     apply, of_kind, one, parse_documents, read_image, run, run_expecting_failure, tool,
 };
 use wasm_provisioner_tests::kubelet::{Cluster, Pod, PodSpec};
+use wasm_provisioner_tests::registry::Registry;
 
 const WAIT: Duration = Duration::from_secs(90);
-
-/// A local OCI registry: `crane registry serve`, blobs on disk, on a free loopback port;
-/// killed when dropped.
-struct Registry {
-    child: Child,
-    host: String,
-}
-
-impl Registry {
-    fn start(dir: &Path) -> anyhow::Result<Registry> {
-        let port = wasm_provisioner_tests::host::free_port();
-        let host = format!("127.0.0.1:{port}");
-        std::fs::create_dir_all(dir)?;
-        let child = Command::new(tool("crane"))
-            .args(["registry", "serve", "--address", &host, "--disk"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting crane registry serve")?;
-        let mut registry = Registry { child, host };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(&registry.host).is_err() {
-            if let Some(status) = registry.child.try_wait()? {
-                bail!("crane registry serve on {} exited: {status}", registry.host);
-            }
-            ensure!(
-                started.elapsed() < Duration::from_secs(20),
-                "the registry on {} did not listen within 20 s",
-                registry.host
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(registry)
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
@@ -357,7 +315,8 @@ async fn an_install_from_the_release_artifacts_alone_binds_a_claim() {
 }
 
 async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
-    let registry = Registry::start(&dir.join("registry"))?;
+    let registry = Registry::start()?;
+    let registry_host = registry.host();
     let out = dir.join("release");
     let started = Instant::now();
     // The amd64 binary is the one the tests run (built by the same command as the
@@ -366,14 +325,14 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     run(Command::new("bash")
         .arg(repo_root().join("deploy/release.sh"))
         .arg(&out)
-        .arg(&registry.host)
+        .arg(&registry_host)
         .env(
             "WASM_PROVISIONER_BINARY_AMD64",
             wasm_provisioner_tests::host::binary(),
         ))?;
     eprintln!(
         "deploy/release.sh to {} in {:.0}s",
-        registry.host,
+        registry_host,
         started.elapsed().as_secs_f64()
     );
     let release = read_json(&out.join("release.json"))?;
@@ -416,7 +375,7 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     .context("a tampered SHA256SUMS must fail its signature")?;
     let chart_ref = format!(
         "{}/charts/wasm-provisioner@{}",
-        registry.host,
+        registry_host,
         release["chart"]["digest"]
             .as_str()
             .context("chart digest")?
@@ -518,7 +477,7 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     let release_name = format!("wp-{}", random_suffix());
     let pulled = parse_documents(&run(Command::new(tool("helm"))
         .args(["template", &release_name])
-        .arg(format!("oci://{}/charts/wasm-provisioner", registry.host))
+        .arg(format!("oci://{}/charts/wasm-provisioner", registry_host))
         .args([
             "--version",
             &version,
@@ -580,13 +539,13 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
         "the released chart's key is not the release's cosign.pub"
     );
     ensure!(
-        grants["registries"][0]["host"] == registry.host.as_str(),
+        grants["registries"][0]["host"] == registry_host.as_str(),
         "the released chart's grants have no entry for the registry: {}",
         grants["registries"]
     );
     eprintln!(
         "the chart from oci://{}/charts names the image and both modules by digest",
-        registry.host
+        registry_host
     );
     check_notes(&package, &release_name, &ctx.namespace, &pulled)?;
 
