@@ -13,7 +13,8 @@
 #       index holds linux/amd64 and linux/arm64; pushed as REGISTRY/wasm-provisioner:VERSION
 #   wasm-provisioner-VERSION.tgz   the Helm chart (`helm package`, values.schema.json and
 #       README.md inside), its values naming the image and the bundled modules by digest
-#       in REGISTRY; pushed as oci://REGISTRY/charts/wasm-provisioner
+#       in REGISTRY, with the release's public key that the host checks the modules'
+#       signatures against; pushed as oci://REGISTRY/charts/wasm-provisioner
 #   modules/NAME.wasm              the bundled modules, each pushed as a wasm OCI artifact
 #       (one application/wasm layer, config application/vnd.wasm.config.v0+json) as
 #       REGISTRY/modules/NAME:VERSION
@@ -39,6 +40,7 @@ root=$(cd "$here/.." && pwd)
 usage="usage: bash deploy/release.sh OUT_DIR REGISTRY"
 out=${1:?$usage}
 registry=${2:?$usage}
+case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
 registry=${registry%/}
 registry_host=${registry%%/*}
 cd "$root"
