@@ -442,6 +442,17 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
             .iter()
             .filter_map(|c| c["name"].as_str())
             .collect();
+        // And attached to its platform's manifest in the registry.
+        let manifest = release["image"]["platforms"][platform]
+            .as_str()
+            .context("platform digest")?;
+        let referrers = run(Command::new(tool("oras"))
+            .args(["discover", "--plain-http", "--format", "json"])
+            .arg(format!("{registry_host}/wasm-provisioner@{manifest}")))?;
+        ensure!(
+            referrers.contains("application/vnd.cyclonedx+json"),
+            "no SBOM is attached to the {platform} image in the registry: {referrers}"
+        );
         for linked in ["wasmtime", "kube-client", "tokio", "rustls"] {
             ensure!(
                 components.contains(&linked),
