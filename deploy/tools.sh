@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the install tools the tests and CI use, from their Go modules, and prints their
 # paths: crane (go-containerregistry: the docker-less image build, and the tests' local
-# registry), helm, kustomize and oras (the tests push modules as wasm OCI artifacts).
+# registry), helm, kustomize and oras (the tests push modules as wasm OCI artifacts); and,
+# on request only, cosign (deploy/release.sh signs the release with it).
 #
-#   bash deploy/tools.sh            # builds all four; prints "NAME PATH" per line
+#   bash deploy/tools.sh            # builds the first four; prints "NAME PATH" per line
 #   bash deploy/tools.sh helm       # builds one; prints its path alone
 #
 # Each tool is pinned by its own small module under deploy/tools/NAME/ (a `tool` line in
@@ -11,7 +12,8 @@
 # never meet in one build list). The binaries are cached outside the repository, keyed on
 # that go.mod and go.sum, like the control-plane launcher (tests/controlplane/build.sh);
 # Go's build and module caches make a rebuild cheap. WASM_PROVISIONER_CACHE moves the
-# cache. Cold on 2 cores: crane ~1 min, kustomize ~1 min, helm ~4 min, oras ~1 min.
+# cache. Cold on 2 cores: crane ~1 min, kustomize ~1 min, helm ~4 min, oras ~1 min,
+# cosign ~15 min (measured under load).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache="${WASM_PROVISIONER_CACHE:-$HOME/.cache/wasm-provisioner}/tools"
@@ -19,7 +21,7 @@ cache="${WASM_PROVISIONER_CACHE:-$HOME/.cache/wasm-provisioner}/tools"
 build() {
   local name=$1 dir="$here/tools/$1"
   if [ ! -f "$dir/go.mod" ]; then
-    echo "deploy/tools.sh: unknown tool '$name' (known: crane, helm, kustomize, oras)" >&2
+    echo "deploy/tools.sh: unknown tool '$name' (known: crane, helm, kustomize, oras, cosign)" >&2
     return 1
   fi
   local key binary package version ldflags=""

@@ -236,6 +236,13 @@ pub fn build_image(binary: &Path, dir: &Path) -> anyhow::Result<Image> {
         .arg(repo_root().join("deploy/image/build.sh"))
         .arg(binary)
         .arg(&tarball))?;
+    read_image(&tarball, dir)
+}
+
+/// Reads an image tarball (`docker save`'s layout, as deploy/image/build.sh and `crane
+/// pull` write it): unpacks it into `dir/image` and reads its manifest and config.
+pub fn read_image(tarball: &Path, dir: &Path) -> anyhow::Result<Image> {
+    let tarball = tarball.to_path_buf();
     let unpacked = dir.join("image");
     std::fs::create_dir_all(&unpacked)?;
     run(Command::new("tar")

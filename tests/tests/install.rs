@@ -172,6 +172,34 @@ fn non_default_values(dir: &Path) -> anyhow::Result<Vec<(String, std::path::Path
             }),
         ),
         (
+            "modules from OCI artifacts by digest, a private registry's CA, topology spread, a NetworkPolicy",
+            json!({
+                "image": { "registry": "registry.example.com:5000", "repository": "storage/wasm-provisioner",
+                           "digest": format!("sha256:{}", "c".repeat(64)) },
+                "modules": { "source": "oci", "oci": {
+                    "hostpath": format!("registry.example.com:5000/modules/hostpath@sha256:{}", "a".repeat(64)),
+                    "nfs-subdir": format!("registry.example.com:5000/modules/nfs-subdir@sha256:{}", "b".repeat(64)) } },
+                "registries": [{ "host": "registry.example.com:5000", "caFile": "/etc/registry-ca/ca.crt",
+                                 "pullSecret": "registry-credentials" }],
+                "extraVolumes": [{ "name": "registry-ca", "configMap": { "name": "registry-ca" } }],
+                "extraVolumeMounts": [{ "name": "registry-ca", "mountPath": "/etc/registry-ca", "readOnly": true }],
+                "topologySpreadConstraints": [{ "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                                "whenUnsatisfiable": "ScheduleAnyway" }],
+                "networkPolicy": { "enabled": true,
+                    "metricsFrom": [{ "namespaceSelector": { "matchLabels": { "name": "monitoring" } } }],
+                    "egress": [{ "ports": [{ "protocol": "TCP", "port": 443 }, { "protocol": "TCP", "port": 6443 },
+                                           { "protocol": "UDP", "port": 53 }] }] },
+                "mode": "node-local",
+            }),
+        ),
+        (
+            "modules from a PersistentVolumeClaim",
+            json!({
+                "modules": { "source": "volume",
+                             "volume": { "persistentVolumeClaim": { "claimName": "wasm-modules", "readOnly": true } } },
+            }),
+        ),
+        (
             "modules from an image volume",
             json!({
                 "modules": { "source": "image",
@@ -274,7 +302,7 @@ async fn every_object_the_chart_renders_is_accepted_by_the_api_server() {
                 .find(|v| v["name"] == "modules")
                 .expect("a modules volume");
             assert!(
-                ["configMap", "image", "emptyDir"]
+                ["configMap", "image", "emptyDir", "persistentVolumeClaim"]
                     .iter()
                     .any(|k| modules.get(*k).is_some()),
                 "with {what}: the server stored a {kind} modules volume without a source: {modules}"
@@ -343,7 +371,7 @@ fn bad_chart_values_fail_with_a_clear_message() {
     let cases: [(&[&str], &str); 9] = [
         (
             &["--set", "modules.source=git"],
-            "modules.source must be files, configMap, image or initContainer",
+            "modules.source must be oci, files, configMap, image, initContainer or volume",
         ),
         (
             &["--set", "modules.source=configMap"],

@@ -69,19 +69,52 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-node" (include "wasm-provisioner.fullname" .)) .Values.nodeLocal.serviceAccount.name -}}
 {{- end -}}
 
-{{/* The grants file's text: the grants value, else files/grants.yaml (deploy/grants/grants.yaml). */}}
+{{/* The grants file's text: the grants value, else files/grants.yaml
+(deploy/grants/grants.yaml). With modules.source=oci, each module of modules.oci gets its
+`source: { oci: REF }` (an entry of its own when the grants have none for it) and
+`registries` becomes the file's top-level `registries`. */}}
 {{- define "wasm-provisioner.grants" -}}
+{{- $text := "" -}}
 {{- if .Values.grants -}}
-{{- toYaml .Values.grants -}}
+{{- $text = toYaml .Values.grants -}}
 {{- else -}}
-{{- .Files.Get "files/grants.yaml" -}}
+{{- $text = .Files.Get "files/grants.yaml" -}}
+{{- end -}}
+{{- if eq .Values.modules.source "oci" -}}
+{{- $grants := fromYaml $text -}}
+{{- $modules := $grants.modules | default dict -}}
+{{- range $name, $reference := .Values.modules.oci -}}
+{{- $entry := get $modules $name | default dict -}}
+{{- $source := dict "oci" $reference -}}
+{{- with $.Values.modules.signatures -}}
+{{- $_ := set $source "signatures" . -}}
+{{- end -}}
+{{- $_ := set $entry "source" $source -}}
+{{- $_ := set $modules $name $entry -}}
+{{- end -}}
+{{- $_ := set $grants "modules" $modules -}}
+{{- with .Values.registries -}}
+{{- $_ := set $grants "registries" . -}}
+{{- end -}}
+{{- toYaml $grants -}}
+{{- else -}}
+{{- $text -}}
+{{- end -}}
+{{- end -}}
+
+{{/* REGISTRY/REPOSITORY (REPOSITORY alone without a registry). */}}
+{{- define "wasm-provisioner.imageName" -}}
+{{- if .Values.image.registry -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.image.registry) .Values.image.repository -}}
+{{- else -}}
+{{- .Values.image.repository -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "wasm-provisioner.image" -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" (include "wasm-provisioner.imageName" .) .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" (include "wasm-provisioner.imageName" .) (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}

@@ -31,6 +31,10 @@ metadata:
   annotations:
     # The host reads its grants at start: a change rolls the pods.
     checksum/grants: {{ include "wasm-provisioner.grants" $ | sha256sum }}
+    {{- with $.Values.signatureKeys }}
+    # And the signature keys: a change rolls the pods too.
+    checksum/signature-keys: {{ toJson . | sha256sum }}
+    {{- end }}
     {{- with $.Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -160,12 +164,20 @@ spec:
         # --token-file's default: /var/run/secrets/wasm-provisioner/token.
         - { name: token, mountPath: /var/run/secrets/wasm-provisioner, readOnly: true }
         {{- end }}
+        {{- if $.Values.signatureKeys }}
+        - { name: signature-keys, mountPath: /etc/wasm-provisioner/keys, readOnly: true }
+        {{- end }}
+        {{- with $.Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
   volumes:
     - name: modules
       {{- if eq $source "files" }}
       configMap: { name: {{ $fullname }}-modules }
       {{- else if eq $source "configMap" }}
       configMap: { name: {{ $.Values.modules.configMap.name }} }
+      {{- else if eq $source "volume" }}
+      {{- toYaml $.Values.modules.volume | nindent 6 }}
       {{- else if eq $source "image" }}
       image:
         reference: {{ $.Values.modules.image.reference }}
@@ -193,6 +205,13 @@ spec:
               expirationSeconds: 3600
               path: token
     {{- end }}
+    {{- if $.Values.signatureKeys }}
+    - name: signature-keys
+      configMap: { name: {{ $fullname }}-keys }
+    {{- end }}
+    {{- with $.Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- with (ternary $instances.nodeSelector $.Values.nodeSelector $node) }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -204,5 +223,15 @@ spec:
   {{- with (ternary $instances.affinity $.Values.affinity $node) }}
   affinity:
     {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if and (not $node) $.Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- range $.Values.topologySpreadConstraints }}
+    {{- $constraint := deepCopy . }}
+    {{- if not $constraint.labelSelector }}
+    {{- $_ := set $constraint "labelSelector" (dict "matchLabels" (include "wasm-provisioner.selectorLabels" $ | fromYaml)) }}
+    {{- end }}
+    - {{ toYaml $constraint | nindent 6 | trim }}
+    {{- end }}
   {{- end }}
 {{- end -}}
