@@ -3,7 +3,7 @@
 //! pushes; the test then checks the artifacts as docs/release.md tells a user to (the
 //! checksums, the cosign signatures, a tampered file refused), the image index (both
 //! platforms, the arm64 binary an aarch64 ELF with its loader and libraries in the
-//! image), the SBOM, the modules as wasm OCI artifacts, and the chart pulled from the
+//! image, run under qemu's AArch64 user-mode emulation), the SBOM, the modules as wasm OCI artifacts, and the chart pulled from the
 //! registry (its image and modules named by digest, in the registry, with the release's
 //! public key), and runs the chart's Deployment, at its defaults, from the image pulled
 //! from the registry as kubelet would: the host pulls the modules from the registry,
@@ -422,6 +422,23 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
             "the arm64 image's /{needed} is not AArch64"
         );
     }
+    // And it runs: under qemu's user-mode AArch64 emulation, with the image's own root
+    // as the sysroot (its loader and libraries, nothing of this machine's).
+    let qemu = "qemu-aarch64-static";
+    let answer = run(Command::new(qemu)
+        .arg("-L")
+        .arg(&arm64_root)
+        .arg(&binary)
+        .arg("--version"))
+    .with_context(|| {
+        format!(
+            "running the arm64 binary under {qemu} (Debian's qemu-user-static; .ci/run installs it: apt-get install qemu-user-static)"
+        )
+    })?;
+    ensure!(
+        answer.trim() == format!("wasm-provisioner {version}"),
+        "the arm64 binary under {qemu} answered {answer:?} to --version"
+    );
 
     // The SBOMs, one per platform: CycloneDX, of the host, naming what it links.
     for platform in ["linux/amd64", "linux/arm64"] {
