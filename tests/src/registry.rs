@@ -263,7 +263,10 @@ impl TamperingMirror {
                 let list = list.clone();
                 let blobs = blobs.clone();
                 std::thread::spawn(move || {
-                    let _ = serve_one(stream, upstream, &blobs, &list);
+                    let mut stream = stream;
+                    let _ = forward(&mut stream, upstream, &|head: &[String]| {
+                        tampered_blob(head, &blobs, &list)
+                    });
                 });
             }
         });
@@ -284,79 +287,37 @@ impl TamperingMirror {
     }
 }
 
-fn serve_one(
-    mut client: std::net::TcpStream,
-    upstream: u16,
+/// The mirror's answer to a request for a tampered blob: its bytes with one flipped, so
+/// they no longer match the digest asked for; `None` for any other request.
+fn tampered_blob(
+    head: &[String],
     blobs: &Path,
     tampered: &std::sync::Mutex<Vec<String>>,
-) -> std::io::Result<()> {
-    use std::io::{BufRead as _, Read as _, Write as _};
-    let mut reader = std::io::BufReader::new(client.try_clone()?);
-    let mut head = Vec::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let end = line == "\r\n";
-        head.push(line);
-        if end {
-            break;
-        }
+) -> Option<Vec<u8>> {
+    let request_line = head.first()?;
+    if !request_line.starts_with("GET ") {
+        return None;
     }
-    let request_line = head[0].clone();
-    let path = request_line.split_whitespace().nth(1).unwrap_or_default();
-    let blob = path
-        .rsplit_once("/blobs/")
-        .map(|(_, digest)| digest.to_string());
-    let tamper = request_line.starts_with("GET ")
-        && blob.as_ref().is_some_and(|digest| {
-            tampered
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(digest)
-        });
-    if let (true, Some(digest)) = (tamper, blob) {
-        let mut bytes = std::fs::read(blobs.join(digest.trim_start_matches("sha256:")))?;
-        let middle = bytes.len() / 2;
-        bytes[middle] ^= 0xff;
-        write!(
-            client,
-            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            bytes.len()
-        )?;
-        client.write_all(&bytes)?;
-        return Ok(());
+    let path = request_line.split_whitespace().nth(1)?;
+    let (_, digest) = path.rsplit_once("/blobs/")?;
+    if !tampered
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|listed| listed == digest)
+    {
+        return None;
     }
-    // Forwarded as HTTP/1.0 (the registry closes after its answer), the host rewritten.
-    let mut upstream = std::net::TcpStream::connect(("127.0.0.1", upstream))?;
-    let mut forwarded = request_line.replacen("HTTP/1.1", "HTTP/1.0", 1);
-    let mut content_length = 0usize;
-    for line in &head[1..head.len() - 1] {
-        let lower = line.to_ascii_lowercase();
-        if lower.starts_with("host:") {
-            forwarded.push_str(&format!(
-                "Host: 127.0.0.1:{}\r\n",
-                upstream.peer_addr()?.port()
-            ));
-        } else if lower.starts_with("connection:") {
-            continue;
-        } else {
-            if let Some(value) = lower.strip_prefix("content-length:") {
-                content_length = value.trim().parse().unwrap_or(0);
-            }
-            forwarded.push_str(line);
-        }
-    }
-    forwarded.push_str("Connection: close\r\n\r\n");
-    upstream.write_all(forwarded.as_bytes())?;
-    let mut body = vec![0u8; content_length];
-    reader.read_exact(&mut body)?;
-    upstream.write_all(&body)?;
-    let mut answer = Vec::new();
-    upstream.read_to_end(&mut answer)?;
-    client.write_all(&answer)?;
-    Ok(())
+    let mut bytes = std::fs::read(blobs.join(digest.trim_start_matches("sha256:"))).ok()?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    let mut answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        bytes.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(&bytes);
+    Some(answer)
 }
 
 /// An HTTPS front for a [`Registry`]: TLS with a certificate for 127.0.0.1 from a CA of
