@@ -44,14 +44,10 @@ impl TestNode {
             format!("--pod-ip={}", self.ip),
             format!("--node-address={}:{}", self.ip, self.port),
             format!("--token-file={}", self.token.display()),
-            format!(
-                "--instance-selector={}={}",
-                INSTANCE_LABEL.0, INSTANCE_LABEL.1
-            ),
-            "--leader-election-lease-duration=6s".into(),
-            "--leader-election-renew-deadline=4s".into(),
-            "--leader-election-retry-period=1s".into(),
         ]
+        .into_iter()
+        .chain(common_flags())
+        .collect()
     }
 }
 
@@ -65,6 +61,16 @@ pub fn controller_flags(ip: &str, port: u16) -> Vec<String> {
         "--node-local-role=controller".into(),
         format!("--pod-ip={ip}"),
         format!("--node-address={ip}:{port}"),
+    ]
+    .into_iter()
+    .chain(common_flags())
+    .collect()
+}
+
+/// The flags every node-local process of the tests shares: the instances' selector and
+/// short election timings.
+fn common_flags() -> Vec<String> {
+    vec![
         format!(
             "--instance-selector={}={}",
             INSTANCE_LABEL.0, INSTANCE_LABEL.1

@@ -349,30 +349,25 @@ async fn release_scenario(ctx: &TestContext, dir: &Path) -> anyhow::Result<()> {
     let key = key.to_str().unwrap();
     let sums = out.join("SHA256SUMS");
     let signature = out.join("SHA256SUMS.sig");
-    run(&mut cosign(&[
-        "verify-blob",
-        "--key",
-        key,
-        "--insecure-ignore-tlog=true",
-        "--signature",
-        signature.to_str().unwrap(),
-        sums.to_str().unwrap(),
-    ]))?;
+    let verify_blob = |file: &Path| {
+        cosign(&[
+            "verify-blob",
+            "--key",
+            key,
+            "--insecure-ignore-tlog=true",
+            "--signature",
+            signature.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ])
+    };
+    run(&mut verify_blob(&sums))?;
     let tampered = dir.join("SHA256SUMS.tampered");
     std::fs::write(
         &tampered,
         std::fs::read_to_string(&sums)?.replacen('0', "1", 1),
     )?;
-    run_expecting_failure(&mut cosign(&[
-        "verify-blob",
-        "--key",
-        key,
-        "--insecure-ignore-tlog=true",
-        "--signature",
-        signature.to_str().unwrap(),
-        tampered.to_str().unwrap(),
-    ]))
-    .context("a tampered SHA256SUMS must fail its signature")?;
+    run_expecting_failure(&mut verify_blob(&tampered))
+        .context("a tampered SHA256SUMS must fail its signature")?;
     let chart_ref = format!(
         "{}/charts/wasm-provisioner@{}",
         registry_host,
